@@ -1,0 +1,313 @@
+// Package algorithms holds Tollgate's rate-limiting algorithms as pure
+// functions: a decision is a function of (limit, state, now, cost) that
+// returns a new state and a Decision. Nothing here reads a clock, does I/O,
+// takes a lock or allocates; the stores in package storage run decisions
+// atomically, and each Redis Lua script is a twin of the Go code here.
+//
+// Units. Time is an int64 count of microseconds since the Unix epoch (the
+// resolution of Redis TIME, and small enough that Lua's doubles hold it
+// exactly). Cost is an int64 count of thousandths of an event ("milli"), so
+// fractional costs such as 0.5 are exact.
+//
+// The bucket family (token bucket, GCRA, leaky bucket) keeps its state as
+// time: a full bucket is zero "debt", each request adds the time it takes the
+// bucket to refill its cost, and debt drains at one microsecond per
+// microsecond. Integer time is exact and needs no division at decision time,
+// so a Lua twin that adds and compares integers reproduces it bit for bit.
+package algorithms
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"time"
+)
+
+// Kind names an algorithm.
+type Kind uint8
+
+// The algorithms of the contract. TokenBucket is the zero value and default.
+const (
+	TokenBucket Kind = iota
+	GCRA
+	SlidingWindow
+	SlidingLog
+	FixedWindow
+	LeakyBucket
+)
+
+var kindNames = [...]string{
+	TokenBucket:   "token_bucket",
+	GCRA:          "gcra",
+	SlidingWindow: "sliding_window",
+	SlidingLog:    "sliding_log",
+	FixedWindow:   "fixed_window",
+	LeakyBucket:   "leaky_bucket",
+}
+
+// String returns the configuration name of k, such as "token_bucket".
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", k)
+}
+
+// ParseKind returns the Kind for a configuration name. The empty string is
+// the default, TokenBucket.
+func ParseKind(name string) (Kind, error) {
+	if name == "" {
+		return TokenBucket, nil
+	}
+	for k, n := range kindNames {
+		if n == name {
+			return Kind(k), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want one of token_bucket, gcra, sliding_window, sliding_log, fixed_window, leaky_bucket)", name)
+}
+
+// Milli is the number of cost units in one event.
+const Milli = 1000
+
+// Never is the Decision.Wait of a request that can never be admitted: its
+// cost is above the limit's capacity.
+const Never int64 = -1
+
+// Limits on configuration, chosen so that every intermediate value stays
+// below 2^53 (exact in Lua's doubles) and no int64 product overflows.
+const (
+	// MaxSpan is the longest window or bucket refill time: 2^50 µs, about
+	// 35 years.
+	MaxSpan int64 = 1 << 50
+	// MaxEvents bounds events and burst.
+	MaxEvents int64 = 1 << 40
+	// MaxLogEvents bounds events for sliding_log, which stores one
+	// timestamp per event.
+	MaxLogEvents int64 = 100_000
+)
+
+// Limit is one zone's limit: Events per Window, with a bucket capacity of
+// Burst. Build it with NewLimit, which validates it and derives the
+// constants a decision needs; the zero Limit admits nothing.
+type Limit struct {
+	Kind     Kind
+	Events   int64 // N, > 0
+	Window   int64 // W in µs, > 0
+	Burst    int64 // B, the bucket capacity in events; Events for the window algorithms
+	MaxDelay int64 // µs a leaky_bucket shaper may delay a request; 0 polices
+
+	// Unit is the refill time of one event in µs: ceil(W / N). Rounding
+	// up means the bucket family never admits more than N per W.
+	Unit int64
+	// Tau is the bucket capacity as time: Burst * Unit.
+	Tau int64
+}
+
+// NewLimit validates a limit and derives its constants. burst 0 means
+// events. maxDelay applies only to LeakyBucket.
+func NewLimit(kind Kind, events int64, window time.Duration, burst int64, maxDelay time.Duration) (Limit, error) {
+	if kind > LeakyBucket {
+		return Limit{}, fmt.Errorf("algorithm: unknown kind %d", kind)
+	}
+	if events <= 0 {
+		return Limit{}, fmt.Errorf("events: must be greater than 0, got %d", events)
+	}
+	if events > MaxEvents {
+		return Limit{}, fmt.Errorf("events: must be at most %d, got %d", MaxEvents, events)
+	}
+	if kind == SlidingLog && events > MaxLogEvents {
+		return Limit{}, fmt.Errorf("events: sliding_log keeps one timestamp per event and allows at most %d, got %d", MaxLogEvents, events)
+	}
+	w := window.Microseconds()
+	if window <= 0 {
+		return Limit{}, fmt.Errorf("window: must be greater than 0, got %s", window)
+	}
+	if w <= 0 {
+		return Limit{}, fmt.Errorf("window: must be at least 1µs, got %s", window)
+	}
+	if w > MaxSpan {
+		return Limit{}, fmt.Errorf("window: must be at most %s, got %s", time.Duration(MaxSpan)*time.Microsecond, window)
+	}
+	if burst < 0 {
+		return Limit{}, fmt.Errorf("burst: must not be negative, got %d", burst)
+	}
+	if burst > MaxEvents {
+		return Limit{}, fmt.Errorf("burst: must be at most %d, got %d", MaxEvents, burst)
+	}
+	if burst == 0 {
+		burst = events
+	}
+	if maxDelay < 0 {
+		return Limit{}, fmt.Errorf("max_delay: must not be negative, got %s", maxDelay)
+	}
+	if maxDelay > 0 && kind != LeakyBucket {
+		return Limit{}, fmt.Errorf("max_delay: only leaky_bucket can delay requests, not %s; got %s", kind, maxDelay)
+	}
+	md := maxDelay.Microseconds()
+	if md > MaxSpan {
+		return Limit{}, fmt.Errorf("max_delay: must be at most %s, got %s", time.Duration(MaxSpan)*time.Microsecond, maxDelay)
+	}
+	unit := (w + events - 1) / events
+	if w/events == 0 {
+		return Limit{}, fmt.Errorf("events: %d per %s is more than one per microsecond, the finest rate Tollgate keeps per key", events, window)
+	}
+	hi, tau := bits.Mul64(uint64(burst), uint64(unit))
+	if hi != 0 || tau > uint64(MaxSpan) {
+		return Limit{}, fmt.Errorf("burst: %d events of %s each take longer than %s to refill", burst, time.Duration(unit)*time.Microsecond, time.Duration(MaxSpan)*time.Microsecond)
+	}
+	if kind != TokenBucket && kind != GCRA && kind != LeakyBucket && burst != events {
+		return Limit{}, fmt.Errorf("burst: %s has no bucket; its capacity is events (%d), got burst %d", kind, events, burst)
+	}
+	return Limit{Kind: kind, Events: events, Window: w, Burst: burst, MaxDelay: md, Unit: unit, Tau: int64(tau)}, nil
+}
+
+// Capacity is the most cost, in milli-units, one request can ever be
+// admitted with.
+func (l *Limit) Capacity() int64 {
+	return l.Burst * Milli
+}
+
+// CostMilli converts a cost in events to milli-units, rounding up so that a
+// cost is never under-charged. It reports false for a cost that is not a
+// finite number >= 0. A cost too large to represent is clamped to a value
+// above every capacity.
+func CostMilli(cost float64) (int64, bool) {
+	if math.IsNaN(cost) || math.IsInf(cost, 0) || cost < 0 {
+		return 0, false
+	}
+	m := cost * Milli
+	if m >= float64(math.MaxInt64/4) {
+		return math.MaxInt64 / 4, true
+	}
+	// A decimal cost is not exact in binary, and neither is the product:
+	// 2.007 * 1000 is 2007.0000000000002, which must charge 2007, not 2008.
+	// A product within a few ulps of a whole number of milli-units is that
+	// number; anything further above one rounds up.
+	r := math.Round(m)
+	if math.Abs(m-r) > r*0x1p-50 {
+		r = math.Ceil(m)
+	}
+	return int64(r), true
+}
+
+// State is one key's limiter state. Its zero value is a fresh key: a full
+// bucket or an empty window. Which fields an algorithm uses:
+//
+//	token_bucket, leaky_bucket: At = last refill/leak, Level = debt in µs
+//	gcra:                       At = theoretical arrival time
+//	fixed_window:               At = window start, Level = count (milli)
+//	sliding_window:             At = window start, Level = count, Prev = previous window's count
+//	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many
+//
+// A sliding_log state needs its Log made by NewState; the others need
+// nothing.
+type State struct {
+	At    int64
+	Level int64
+	Prev  int64
+	Head  int64
+	Log   []int64
+}
+
+// NewState returns a fresh state for l, with the ring a sliding_log needs.
+// This is the only allocation in the package, made once per key.
+func NewState(l *Limit) State {
+	if l.Kind == SlidingLog {
+		return State{Log: make([]int64, l.Events)}
+	}
+	return State{}
+}
+
+// Decision is the outcome of one request against one limit.
+type Decision struct {
+	// Allowed reports whether the request was admitted.
+	Allowed bool
+	// Remaining is the whole events still available after this decision.
+	Remaining int64
+	// Reset is µs until the quota is whole again (the state is fresh).
+	Reset int64
+	// Wait is µs until this request could be admitted: 0 when allowed,
+	// Never when its cost is above the capacity.
+	Wait int64
+	// Delay is µs an admitted request must wait before it proceeds
+	// (leaky_bucket shaping); 0 otherwise.
+	Delay int64
+}
+
+// Take decides one request of cost milli-units at now and, if it is
+// admitted, charges it to s. A rejected request leaves s as it was, apart
+// from bringing it up to date with now (expired entries dropped, windows
+// rolled), which changes no decision.
+func (l *Limit) Take(s *State, now, cost int64) Decision {
+	return l.decide(s, now, cost, true)
+}
+
+// Peek reports what Take would decide for cost at now without charging it.
+// It may bring s up to date with now, as Take does.
+func (l *Limit) Peek(s *State, now, cost int64) Decision {
+	return l.decide(s, now, cost, false)
+}
+
+func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
+	if cost > l.Capacity() {
+		d := l.decide(s, now, 0, false)
+		d.Allowed, d.Wait, d.Delay = false, Never, 0
+		return d
+	}
+	switch l.Kind {
+	case TokenBucket, LeakyBucket:
+		return l.bucket(s, now, cost, commit)
+	case GCRA:
+		return l.gcra(s, now, cost, commit)
+	case FixedWindow:
+		return l.fixedWindow(s, now, cost, commit)
+	case SlidingWindow:
+		return l.slidingWindow(s, now, cost, commit)
+	case SlidingLog:
+		return l.slidingLog(s, now, cost, commit)
+	}
+	return Decision{Wait: Never}
+}
+
+// Undo gives back cost milli-units that an earlier Take at or before now
+// admitted, as when a later zone rejects the request or a delayed client
+// goes away. It never gives back more than was taken.
+func (l *Limit) Undo(s *State, now, cost int64) {
+	switch l.Kind {
+	case TokenBucket, LeakyBucket:
+		l.bucketUndo(s, now, cost)
+	case GCRA:
+		l.gcraUndo(s, now, cost)
+	case FixedWindow, SlidingWindow:
+		l.windowUndo(s, now, cost)
+	case SlidingLog:
+		l.slidingLogUndo(s, now, cost)
+	}
+}
+
+// Fresh reports whether s is, at now, the same as a fresh state, so that a
+// store may forget the key.
+func (l *Limit) Fresh(s *State, now int64) bool {
+	d := l.Peek(s, now, 0)
+	return d.Reset <= 0
+}
+
+// inc is the refill time in µs of cost milli-units: ceil(cost * Unit / 1000).
+// cost <= Capacity, so cost*Unit <= Tau*1000 < 2^60.
+func (l *Limit) inc(cost int64) int64 {
+	return (cost*l.Unit + Milli - 1) / Milli
+}
+
+// wholeUnits converts bucket room in µs to whole events.
+func (l *Limit) wholeUnits(room int64) int64 {
+	if room <= 0 {
+		return 0
+	}
+	return room / l.Unit
+}
+
+// ceilDiv returns ceil(a/b) for a >= 0, b > 0.
+func ceilDiv(a, b int64) int64 {
+	return (a + b - 1) / b
+}

@@ -1,0 +1,331 @@
+package tollgate
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var handler Handler
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return &handler, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	rate_limit [<matcher>] {
+//		zone <name> {
+//			match {
+//				<matchers>
+//			}
+//			key          <template>
+//			algorithm    token_bucket|gcra|sliding_window|sliding_log|fixed_window|leaky_bucket
+//			events       <n>
+//			window       <duration>
+//			rate         <n>/<unit>          # shorthand for events + window: 10/s, 600/m, 5000/h, 100/10s
+//			burst        <n>
+//			cost         <number|template>
+//			default_cost <number>
+//			max_delay    <duration>
+//			ipv4_prefix  <bits>
+//			ipv6_prefix  <bits>
+//			on_storage_error allow|deny|local
+//			dry_run
+//		}
+//		storage memory|redis [{ ... }]
+//		headers ietf|ietf-draft-03|x-ratelimit|none ...
+//		status  <code>
+//		jitter  <fraction>
+//		max_keys <n>
+//		sweep_interval <duration>
+//		log_key
+//	}
+//
+// An option given twice is an error.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		if opt != "zone" {
+			if seen[opt] {
+				return d.Errf("option '%s' given twice", opt)
+			}
+			seen[opt] = true
+		}
+		switch opt {
+		case "zone":
+			if err := h.unmarshalZone(d); err != nil {
+				return err
+			}
+		case "storage":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			modID := "http.handlers.rate_limit.storage." + name
+			unm, err := caddyfile.UnmarshalModule(d, modID)
+			if err != nil {
+				return err
+			}
+			h.StorageRaw = caddyconfig.JSONModuleObject(unm, "module", name, nil)
+		case "headers":
+			h.Headers = d.RemainingArgs()
+			if len(h.Headers) == 0 {
+				return d.ArgErr()
+			}
+			if _, err := parseHeaderModes(h.Headers); err != nil {
+				return d.Err(err.Error())
+			}
+		case "status":
+			v, err := intArg(d)
+			if err != nil {
+				return err
+			}
+			h.Status = int(v)
+		case "jitter":
+			v, err := floatArg(d)
+			if err != nil {
+				return err
+			}
+			h.Jitter = v
+		case "max_keys":
+			v, err := intArg(d)
+			if err != nil {
+				return err
+			}
+			h.MaxKeys = int(v)
+		case "sweep_interval":
+			v, err := durationArg(d)
+			if err != nil {
+				return err
+			}
+			h.SweepInterval = v
+		case "log_key":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.LogKey = true
+		case "distributed":
+			return d.Err("'distributed' is mholt/caddy-ratelimit's storage sync; use 'storage redis' for one exact limit across instances")
+		default:
+			return d.Errf("unrecognized subdirective '%s'", opt)
+		}
+	}
+	return nil
+}
+
+func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	name := d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if err := validZoneName(name); err != nil {
+		return d.Err(err.Error())
+	}
+	if _, dup := h.RateLimits[name]; dup {
+		return d.Errf("zone '%s' defined twice", name)
+	}
+	z := new(Zone)
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("zone '%s': option '%s' given twice", name, opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "match":
+			var set caddy.ModuleMap
+			if set, err = caddyhttp.ParseCaddyfileNestedMatcherSet(d); err == nil {
+				z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+			}
+		case "key":
+			z.Key, err = stringArg(d)
+		case "algorithm":
+			z.Algorithm, err = stringArg(d)
+		case "events":
+			z.Events, err = intArg(d)
+		case "window":
+			z.Window, err = durationArg(d)
+		case "rate":
+			if seen["events"] || seen["window"] {
+				return d.Errf("zone '%s': rate is shorthand for events and window; give one or the other", name)
+			}
+			var s string
+			if s, err = stringArg(d); err == nil {
+				var window time.Duration
+				z.Events, window, err = ParseRate(s)
+				z.Window = caddy.Duration(window)
+				if err != nil {
+					err = d.Errf("zone '%s': rate: %v", name, err)
+				}
+			}
+		case "burst":
+			z.Burst, err = intArg(d)
+		case "cost":
+			var s string
+			s, err = stringArg(d)
+			z.Cost = Cost(s)
+		case "default_cost":
+			var v float64
+			if v, err = floatArg(d); err == nil {
+				z.DefaultCost = &v
+			}
+		case "max_delay":
+			z.MaxDelay, err = durationArg(d)
+		case "ipv4_prefix":
+			var v int64
+			v, err = intArg(d)
+			z.IPv4Prefix = int(v)
+		case "ipv6_prefix":
+			var v int64
+			v, err = intArg(d)
+			z.IPv6Prefix = int(v)
+		case "on_storage_error":
+			z.OnStorageError, err = stringArg(d)
+		case "dry_run":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			z.DryRun = true
+		default:
+			return d.Errf("zone '%s': unrecognized subdirective '%s'", name, opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if seen["rate"] && (seen["events"] || seen["window"]) {
+		return d.Errf("zone '%s': rate is shorthand for events and window; give one or the other", name)
+	}
+	if !seen["rate"] && (!seen["events"] || !seen["window"]) {
+		return d.Errf("zone '%s': a zone requires both events and window (or rate)", name)
+	}
+	if h.RateLimits == nil {
+		h.RateLimits = make(map[string]*Zone)
+	}
+	h.RateLimits[name] = z
+	if len(h.RateLimits) > 1 || len(h.ZoneOrder) > 0 {
+		if len(h.ZoneOrder) == 0 {
+			for n := range h.RateLimits {
+				if n != name {
+					h.ZoneOrder = append(h.ZoneOrder, n)
+				}
+			}
+		}
+		h.ZoneOrder = append(h.ZoneOrder, name)
+	}
+	return nil
+}
+
+// ParseRate parses a rate such as "10/s", "600/m", "5000/h", "2/d" or
+// "100/10s" into events and window.
+func ParseRate(s string) (int64, time.Duration, error) {
+	num, per, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, 0, fmt.Errorf("%q: want <events>/<window>, e.g. 10/s or 100/10s", s)
+	}
+	events, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || events <= 0 {
+		return 0, 0, fmt.Errorf("%q: events must be a whole number > 0, got %q", s, num)
+	}
+	var window time.Duration
+	switch per {
+	case "ms":
+		window = time.Millisecond
+	case "s":
+		window = time.Second
+	case "m":
+		window = time.Minute
+	case "h":
+		window = time.Hour
+	case "d":
+		window = 24 * time.Hour
+	default:
+		if per == "" || per[0] < '0' || per[0] > '9' {
+			return 0, 0, fmt.Errorf("%q: unknown window %q (want ms, s, m, h, d or a duration such as 10s)", s, per)
+		}
+		window, err = caddy.ParseDuration(per)
+		if err != nil {
+			return 0, 0, fmt.Errorf("%q: window %q: %v", s, per, err)
+		}
+	}
+	if window <= 0 {
+		return 0, 0, fmt.Errorf("%q: window must be greater than 0", s)
+	}
+	return events, window, nil
+}
+
+func stringArg(d *caddyfile.Dispenser) (string, error) {
+	if !d.NextArg() {
+		return "", d.ArgErr()
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return "", d.ArgErr()
+	}
+	return v, nil
+}
+
+func intArg(d *caddyfile.Dispenser) (int64, error) {
+	opt := d.Val()
+	s, err := stringArg(d)
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, d.Errf("%s: want a whole number, got '%s'", opt, s)
+	}
+	return v, nil
+}
+
+func floatArg(d *caddyfile.Dispenser) (float64, error) {
+	opt := d.Val()
+	s, err := stringArg(d)
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, d.Errf("%s: want a number, got '%s'", opt, s)
+	}
+	return v, nil
+}
+
+func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	opt := d.Val()
+	s, err := stringArg(d)
+	if err != nil {
+		return 0, err
+	}
+	v, err := caddy.ParseDuration(s)
+	if err != nil {
+		return 0, d.Errf("%s: want a duration such as 1m, got '%s': %v", opt, s, err)
+	}
+	return caddy.Duration(v), nil
+}
+
+// Interface guard.
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

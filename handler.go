@@ -1,0 +1,236 @@
+package tollgate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+// The clock: µs since the Unix epoch, read from the wall clock once at
+// start and advanced by the monotonic clock, so that it never runs
+// backwards for the memory store when the wall clock is stepped.
+var (
+	clockBase       = time.Now()
+	clockBaseMicros = clockBase.UnixMicro()
+)
+
+func monotonicMicros() int64 {
+	return clockBaseMicros + time.Since(clockBase).Microseconds()
+}
+
+// result is one applied zone's decision for a request.
+type result struct {
+	z       *zone
+	key     string
+	cost    int64
+	d       algorithms.Decision
+	limiter storage.Limiter // the limiter that decided (remote or local)
+}
+
+// charged reports whether the decision took quota that must be given back
+// if the request does not go ahead.
+func (r *result) charged() bool { return r.d.Allowed && r.cost > 0 }
+
+// inlineZones is how many applied zones a request tracks without
+// allocating.
+const inlineZones = 8
+
+// ServeHTTP decides the request against every zone that applies, in order.
+// The request goes on only if every zone admits it; otherwise what earlier
+// zones took is given back and the request is rejected.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl == nil {
+		repl = caddy.NewReplacer()
+	}
+	now := h.now()
+	var buf [inlineZones]result
+	results := buf[:0]
+	for _, z := range h.zones {
+		if len(z.matchers) > 0 {
+			ok, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate_limit zone %s: matching: %w", z.name, err))
+			}
+			if !ok {
+				continue
+			}
+		}
+		res := result{z: z, key: z.resolveKey(r, repl), cost: z.resolveCost(repl)}
+		if err := h.decide(r.Context(), &res, now); err != nil {
+			switch z.onError {
+			case failDeny:
+				h.undo(r.Context(), results, now)
+				w.Header().Set("Retry-After", "1")
+				return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("rate_limit zone %s: store unavailable: %w", z.name, err))
+			default: // allow: this zone does not apply
+				continue
+			}
+		}
+		results = append(results, res)
+		if !res.d.Allowed {
+			if z.dryRun {
+				h.logReject(r, &res, true)
+				continue
+			}
+			h.undo(r.Context(), results[:len(results)-1], now)
+			return h.reject(w, r, repl, results, now)
+		}
+	}
+
+	h.writeHeaders(w.Header(), results, -1, -1, now)
+	if delay := maxDelay(results); delay > 0 {
+		t := time.NewTimer(time.Duration(delay) * time.Microsecond)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			h.undo(context.WithoutCancel(r.Context()), results, now)
+			return caddyhttp.Error(499, fmt.Errorf("rate_limit: client went away while its request was delayed: %w", r.Context().Err()))
+		}
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// decide runs res's zone decision on the zone's store, or, with
+// on_storage_error local, on this instance's memory when the store fails.
+func (h *Handler) decide(ctx context.Context, res *result, now int64) error {
+	z := res.z
+	d, err := z.limiter.Take(ctx, res.key, now, res.cost)
+	if err == nil {
+		res.d, res.limiter = d, z.limiter
+		return nil
+	}
+	h.logStoreError(z, err)
+	if z.onError != failLocal || z.local == nil {
+		return err
+	}
+	d, err = z.local.Take(ctx, res.key, now, res.cost)
+	res.d, res.limiter = d, z.local
+	return err
+}
+
+// undo gives back what the charged results took.
+func (h *Handler) undo(ctx context.Context, results []result, now int64) {
+	for i := range results {
+		res := &results[i]
+		if !res.charged() {
+			continue
+		}
+		if err := res.limiter.Undo(ctx, res.key, now, res.cost); err != nil {
+			h.logStoreError(res.z, err)
+		}
+	}
+}
+
+// reject answers a request that the last of results rejected.
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, results []result, now int64) error {
+	i := len(results) - 1
+	res := &results[i]
+	retryAfter := int64(-1)
+	if res.d.Wait != algorithms.Never {
+		retryAfter = retryAfterSeconds(res.d.Wait, h.Jitter, res.z.name, res.key)
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
+	}
+	h.writeHeaders(w.Header(), results, i, retryAfter, now)
+	repl.Set("http.rate_limit.zone", res.z.name)
+	repl.Set("http.rate_limit.exceeded.name", res.z.name)
+	repl.Set("http.rate_limit.limit", res.z.spec.Limit.Events)
+	repl.Set("http.rate_limit.remaining", res.d.Remaining)
+	if retryAfter >= 0 {
+		repl.Set("http.rate_limit.retry_after", retryAfter)
+	} else {
+		repl.Set("http.rate_limit.retry_after", "")
+	}
+	h.logReject(r, res, false)
+	return caddyhttp.Error(h.status, errRateLimited{zone: res.z.name})
+}
+
+// errRateLimited is the error a rejected request is answered with.
+type errRateLimited struct{ zone string }
+
+func (e errRateLimited) Error() string { return "rate limit exceeded in zone " + e.zone }
+
+// ErrRateLimited reports whether err is a rejection by Tollgate.
+func ErrRateLimited(err error) bool {
+	var e errRateLimited
+	return errors.As(err, &e)
+}
+
+// retryAfterSeconds is Retry-After for a wait of µs: ceil(wait * (1 +
+// jitter * u)) seconds, at least 1, where u in [0, 1) is derived from a hash
+// of the zone and key, so that one identity always gets the same spread.
+func retryAfterSeconds(wait int64, jitter float64, zone, key string) int64 {
+	secs := float64(wait) / 1e6
+	if jitter > 0 {
+		secs *= 1 + jitter*jitterFraction(zone, key)
+	}
+	s := int64(math.Ceil(secs))
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+// jitterFraction maps (zone, key) to [0, 1) with FNV-1a, without allocating.
+func jitterFraction(zone, key string) float64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for i := 0; i < len(zone); i++ {
+		h = (h ^ uint64(zone[i])) * prime
+	}
+	h = (h ^ 0xff) * prime // separator: no byte of a zone name is 0xff
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * prime
+	}
+	// FNV's low bits mix poorly; finish with a 64-bit avalanche.
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	return float64(h>>11) / (1 << 53)
+}
+
+// maxDelay is the longest shaping delay among results.
+func maxDelay(results []result) int64 {
+	var d int64
+	for i := range results {
+		d = max(d, results[i].d.Delay)
+	}
+	return d
+}
+
+// logReject logs a rejection at debug level: zone, wait and client IP, and
+// the key only with log_key.
+func (h *Handler) logReject(r *http.Request, res *result, dryRun bool) {
+	ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded")
+	if ce == nil {
+		return
+	}
+	clientIP, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+	fields := []zap.Field{
+		zap.String("zone", res.z.name),
+		zap.Duration("wait", time.Duration(res.d.Wait)*time.Microsecond),
+		zap.String("client_ip", clientIP),
+		zap.Bool("dry_run", dryRun),
+	}
+	if h.LogKey {
+		fields = append(fields, zap.String("key", res.key))
+	}
+	ce.Write(fields...)
+}
+
+// logStoreError logs a store failure at error level.
+func (h *Handler) logStoreError(z *zone, err error) {
+	h.logger.Error("rate limit store failed", zap.String("zone", z.name), zap.Error(err))
+}

@@ -1,0 +1,148 @@
+package tollgate
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// headerModes is a set of rate-limit header modes.
+type headerModes uint8
+
+const (
+	headersIETF headerModes = 1 << iota
+	headersDraft03
+	headersX
+)
+
+// parseHeaderModes parses the headers field: one or more of ietf,
+// ietf-draft-03, x-ratelimit, or none alone. Default: ietf.
+func parseHeaderModes(modes []string) (headerModes, error) {
+	if len(modes) == 0 {
+		return headersIETF, nil
+	}
+	var m headerModes
+	for _, s := range modes {
+		var bit headerModes
+		switch s {
+		case "ietf":
+			bit = headersIETF
+		case "ietf-draft-03":
+			bit = headersDraft03
+		case "x-ratelimit":
+			bit = headersX
+		case "none":
+			if len(modes) > 1 {
+				return 0, fmt.Errorf("headers: none cannot be combined with other modes, got %q", strings.Join(modes, " "))
+			}
+			return 0, nil
+		default:
+			return 0, fmt.Errorf("headers: unknown mode %q (want ietf, ietf-draft-03, x-ratelimit or none)", s)
+		}
+		if m&bit != 0 {
+			return 0, fmt.Errorf("headers: mode %q given twice", s)
+		}
+		m |= bit
+	}
+	return m, nil
+}
+
+const microsPerSecond = 1_000_000
+
+// ceilSeconds rounds µs up to whole seconds.
+func ceilSeconds(us int64) int64 {
+	if us <= 0 {
+		return 0
+	}
+	return (us + microsPerSecond - 1) / microsPerSecond
+}
+
+// writeHeaders sets the configured rate-limit headers for the applied zones
+// in results. rejected is the index of the rejecting result, or -1, and
+// retryAfter the Retry-After sent with it (-1 for none).
+func (h *Handler) writeHeaders(hdr http.Header, results []result, rejected int, retryAfter, now int64) {
+	if h.headers == 0 || len(results) == 0 {
+		return
+	}
+	if h.headers&headersIETF != 0 {
+		h.writeIETF(hdr, results, rejected, retryAfter)
+	}
+	if h.headers&(headersDraft03|headersX) == 0 {
+		return
+	}
+	m := mostRestrictive(results, rejected)
+	res := &results[m]
+	limit := strconv.FormatInt(res.z.spec.Limit.Events, 10)
+	remaining := strconv.FormatInt(res.d.Remaining, 10)
+	reset := ceilSeconds(res.d.Reset)
+	if m == rejected && retryAfter >= 0 {
+		reset = retryAfter
+	}
+	if h.headers&headersDraft03 != 0 {
+		hdr["Ratelimit-Limit"] = []string{limit}
+		hdr["Ratelimit-Remaining"] = []string{remaining}
+		hdr["Ratelimit-Reset"] = []string{strconv.FormatInt(reset, 10)}
+	}
+	if h.headers&headersX != 0 {
+		hdr["X-Ratelimit-Limit"] = []string{limit}
+		hdr["X-Ratelimit-Remaining"] = []string{remaining}
+		hdr["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilSeconds(now)+reset, 10)}
+	}
+}
+
+// writeIETF writes RateLimit-Policy and RateLimit
+// (draft-ietf-httpapi-ratelimit-headers-11), one list item per zone.
+func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, retryAfter int64) {
+	var policy string
+	if len(results) == 1 {
+		policy = results[0].z.policy // built at provision: no allocation
+	} else {
+		var b strings.Builder
+		for i := range results {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(results[i].z.policy)
+		}
+		policy = b.String()
+	}
+	var arr [160]byte
+	buf := arr[:0]
+	for i := range results {
+		res := &results[i]
+		if i > 0 {
+			buf = append(buf, ", "...)
+		}
+		buf = append(buf, '"')
+		buf = append(buf, res.z.name...)
+		buf = append(buf, `";r=`...)
+		buf = strconv.AppendInt(buf, res.d.Remaining, 10)
+		buf = append(buf, ";t="...)
+		t := ceilSeconds(res.d.Reset)
+		if i == rejected && retryAfter >= 0 {
+			t = retryAfter // the contract: the rejecting zone's t is Retry-After
+		}
+		buf = strconv.AppendInt(buf, t, 10)
+	}
+	vals := make([]string, 2) // one allocation for both headers' value slices
+	vals[0], vals[1] = policy, string(buf)
+	hdr["Ratelimit-Policy"] = vals[0:1:1]
+	hdr["Ratelimit"] = vals[1:2:2]
+}
+
+// mostRestrictive is the index of the rejecting result, or else of the one
+// with the fewest remaining events (the later reset on a tie).
+func mostRestrictive(results []result, rejected int) int {
+	if rejected >= 0 {
+		return rejected
+	}
+	m := 0
+	for i := 1; i < len(results); i++ {
+		a, b := &results[i].d, &results[m].d
+		if a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.Reset > b.Reset) {
+			m = i
+		}
+	}
+	return m
+}

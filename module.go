@@ -1,0 +1,232 @@
+// Package tollgate is a rate limiter for the Caddy web server: the HTTP
+// handler module http.handlers.rate_limit and its Caddyfile directive
+// rate_limit. This package is the thin Caddy adapter; the algorithms live in
+// package algorithms and the stores in package storage.
+package tollgate
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler rate-limits HTTP requests. Each zone is one limit with its own key,
+// matchers and algorithm; a request passes only if every zone that applies
+// admits it, and a request that any zone rejects consumes nothing in any
+// zone. Rejected requests get a 429 (or Status) returned as a Caddy HTTP
+// error, so that handle_errors can shape the body.
+type Handler struct {
+	// RateLimits are the zones, by name.
+	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
+
+	// ZoneOrder is the order zones are evaluated in and listed in the
+	// RateLimit headers. The Caddyfile sets it to the order the zones are
+	// written in. Zones it does not name follow in name order.
+	ZoneOrder []string `json:"zone_order,omitempty"`
+
+	// StorageRaw is where limiter state lives: {"module": "memory"} (the
+	// default, in this process) or {"module": "redis", ...} (shared by every
+	// Caddy instance that points at the same Redis).
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=http.handlers.rate_limit.storage inline_key=module"`
+
+	// Headers are the rate-limit header modes: "ietf" (the default,
+	// RateLimit and RateLimit-Policy), "ietf-draft-03" (RateLimit-Limit,
+	// -Remaining, -Reset), "x-ratelimit" (X-RateLimit-*), or "none".
+	// Retry-After is sent on a 429 whatever the mode.
+	Headers []string `json:"headers,omitempty"`
+
+	// Status is the HTTP status of a rejected request. Default: 429.
+	Status int `json:"status,omitempty"`
+
+	// Jitter spreads Retry-After by up to this fraction, in [0, 1], by an
+	// amount derived from a hash of the zone and key, so that one client
+	// always gets the same spread and different clients different ones.
+	// Default: 0.
+	Jitter float64 `json:"jitter,omitempty"`
+
+	// MaxKeys bounds the keys the memory store keeps per zone; the least
+	// recently used keys are evicted first. Default: 1000000.
+	MaxKeys int `json:"max_keys,omitempty"`
+
+	// SweepInterval is how often the memory store forgets keys whose state
+	// is fresh again. Default: 1m.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// LogKey adds the resolved key to the rejection log line. Off by
+	// default, since a key may be an API key or a user name.
+	LogKey bool `json:"log_key,omitempty"`
+
+	zones   []*zone
+	headers headerModes
+	status  int
+	backend Backend
+	mem     *MemoryStorage // the default backend and on_storage_error local's
+	logger  *zap.Logger
+	now     func() int64 // µs since the Unix epoch; monotonic in production
+	stop    chan struct{}
+}
+
+// Backend is a storage module: it opens one limiter per zone. Modules in the
+// http.handlers.rate_limit.storage namespace implement it.
+type Backend interface {
+	OpenLimiter(z storage.Zone) (storage.Limiter, error)
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets defaults, builds the zones and opens their limiters.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if h.now == nil {
+		h.now = monotonicMicros
+	}
+	var err error
+	if h.headers, err = parseHeaderModes(h.Headers); err != nil {
+		return err
+	}
+	h.status = h.Status
+	if h.status == 0 {
+		h.status = 429
+	}
+	if len(h.RateLimits) == 0 {
+		return fmt.Errorf("rate_limits: at least one zone is required")
+	}
+
+	h.mem = new(MemoryStorage)
+	if h.StorageRaw != nil {
+		mod, err := ctx.LoadModule(h, "StorageRaw")
+		if err != nil {
+			return fmt.Errorf("loading storage module: %w", err)
+		}
+		b, ok := mod.(Backend)
+		if !ok {
+			return fmt.Errorf("storage: module %T is not a rate_limit storage backend", mod)
+		}
+		h.backend = b
+	} else {
+		h.backend = h.mem
+	}
+
+	order, err := h.zoneOrder()
+	if err != nil {
+		return err
+	}
+	for _, name := range order {
+		z, err := h.provisionZone(ctx, name, h.RateLimits[name])
+		if err != nil {
+			return fmt.Errorf("zone %q: %w", name, err)
+		}
+		h.zones = append(h.zones, z)
+	}
+
+	h.stop = make(chan struct{})
+	go h.sweep(time.Duration(h.SweepInterval))
+	return nil
+}
+
+// Validate checks the handler-wide fields, naming the field and the value.
+// Zone fields are checked as each zone is provisioned.
+func (h *Handler) Validate() error {
+	if h.Status != 0 && (h.Status < 400 || h.Status > 599) {
+		return fmt.Errorf("status: must be an HTTP error status (400-599), got %d", h.Status)
+	}
+	if h.Jitter < 0 || h.Jitter > 1 || h.Jitter != h.Jitter {
+		return fmt.Errorf("jitter: must be in [0, 1], got %v", h.Jitter)
+	}
+	if h.MaxKeys < 0 {
+		return fmt.Errorf("max_keys: must not be negative, got %d", h.MaxKeys)
+	}
+	if h.SweepInterval < 0 {
+		return fmt.Errorf("sweep_interval: must not be negative, got %s", time.Duration(h.SweepInterval))
+	}
+	return nil
+}
+
+// Cleanup stops the sweeper and releases the zones' limiters. It is safe
+// after a failed Provision.
+func (h *Handler) Cleanup() error {
+	if h.stop != nil {
+		close(h.stop)
+		h.stop = nil
+	}
+	for _, z := range h.zones {
+		z.release()
+	}
+	if h.mem != nil {
+		return h.mem.Cleanup()
+	}
+	return nil
+}
+
+// zoneOrder returns the zone names in evaluation order: ZoneOrder, then
+// the zones it does not name, sorted.
+func (h *Handler) zoneOrder() ([]string, error) {
+	names := make([]string, 0, len(h.RateLimits))
+	seen := make(map[string]bool, len(h.RateLimits))
+	for _, n := range h.ZoneOrder {
+		if _, ok := h.RateLimits[n]; !ok {
+			return nil, fmt.Errorf("zone_order: %q is not a zone in rate_limits", n)
+		}
+		if seen[n] {
+			return nil, fmt.Errorf("zone_order: %q given twice", n)
+		}
+		names = append(names, n)
+		seen[n] = true
+	}
+	var rest []string
+	for n := range h.RateLimits {
+		if !seen[n] {
+			rest = append(rest, n)
+		}
+	}
+	sort.Strings(rest)
+	return append(names, rest...), nil
+}
+
+// sweep forgets fresh keys from the memory stores every interval until
+// Cleanup.
+func (h *Handler) sweep(interval time.Duration) {
+	if interval == 0 {
+		interval = time.Minute
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	stop := h.stop
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			now := h.now()
+			for _, z := range h.zones {
+				z.sweep(now)
+			}
+		}
+	}
+}
+
+// Interface guards.
+var (
+	_ caddy.Module                = (*Handler)(nil)
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

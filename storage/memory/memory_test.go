@@ -1,0 +1,232 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+const sec = int64(time.Second / time.Microsecond)
+
+func newStore(t testing.TB, kind algorithms.Kind, events int64, window time.Duration, maxKeys int) *Store {
+	t.Helper()
+	l, err := algorithms.NewLimit(kind, events, window, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(storage.Zone{Name: "z", Limit: l, MaxKeys: maxKeys})
+}
+
+func take(t *testing.T, s *Store, key string, now int64) algorithms.Decision {
+	t.Helper()
+	d, err := s.Take(context.Background(), key, now, algorithms.Milli)
+	if err != nil {
+		t.Fatalf("Take(%q): %v", key, err)
+	}
+	return d
+}
+
+func TestTakeIsolatesKeys(t *testing.T) {
+	s := newStore(t, algorithms.TokenBucket, 2, time.Minute, 0)
+	now := 100 * sec
+	for i, want := range []bool{true, true, false} {
+		if got := take(t, s, "a", now).Allowed; got != want {
+			t.Fatalf("step %d: Take(a) = %v, want %v", i, got, want)
+		}
+	}
+	if !take(t, s, "b", now).Allowed {
+		t.Fatal("Take(b) after a was exhausted = false, want true: keys must not share state")
+	}
+	if got := s.Len(); got != 2 {
+		t.Fatalf("Len() = %d, want 2", got)
+	}
+}
+
+func TestMaxKeysEvictsLeastRecentlyUsed(t *testing.T) {
+	// MaxKeys 1 gives one shard of one key: an exact LRU to observe.
+	s := newStore(t, algorithms.TokenBucket, 1, time.Hour, 1)
+	now := 100 * sec
+	take(t, s, "a", now)
+	if take(t, s, "a", now).Allowed {
+		t.Fatal("second Take(a) allowed, want rejected")
+	}
+	take(t, s, "b", now) // evicts a
+	if got := s.Evictions(); got != 1 {
+		t.Fatalf("Evictions() = %d, want 1", got)
+	}
+	if _, ok, _ := s.Peek(context.Background(), "a", now); ok {
+		t.Fatal("a still held after eviction")
+	}
+	if !take(t, s, "a", now).Allowed {
+		t.Fatal("Take(a) after eviction = false, want true (fresh state)")
+	}
+}
+
+func TestMaxKeysBound(t *testing.T) {
+	for _, maxKeys := range []int{1, 3, 64, 100, 1000} {
+		s := newStore(t, algorithms.FixedWindow, 5, time.Hour, maxKeys)
+		for i := 0; i < 5*maxKeys; i++ {
+			take(t, s, strconv.Itoa(i), 100*sec)
+		}
+		if got := s.Len(); got > maxKeys || got == 0 {
+			t.Errorf("max_keys %d: Len() = %d, want 1..%d", maxKeys, got, maxKeys)
+		}
+		if got, want := s.Evictions(), int64(5*maxKeys-s.Len()); got != want {
+			t.Errorf("max_keys %d: Evictions() = %d, want %d", maxKeys, got, want)
+		}
+	}
+}
+
+func TestLRUKeepsRecentlyUsed(t *testing.T) {
+	s := newStore(t, algorithms.TokenBucket, 1, time.Hour, 2)
+	// Find two keys in the same shard so that the shard's bound (1) applies.
+	if len(s.shards) != 2 {
+		t.Fatalf("shards = %d, want 2", len(s.shards))
+	}
+	now := 100 * sec
+	take(t, s, "a", now)
+	var other string
+	for i := 0; ; i++ {
+		other = "k" + strconv.Itoa(i)
+		if s.shard(other) == s.shard("a") {
+			break
+		}
+	}
+	take(t, s, other, now)
+	if _, ok, _ := s.Peek(context.Background(), "a", now); ok {
+		t.Fatalf("a still held after %s filled its shard", other)
+	}
+}
+
+func TestSweepForgetsOnlyFreshKeys(t *testing.T) {
+	s := newStore(t, algorithms.TokenBucket, 10, 10*time.Second, 0)
+	now := 100 * sec
+	take(t, s, "old", now)
+	take(t, s, "new", now+900_000) // 0.9s later
+	// One event refills in 1s: at now+1s "old" is full again, "new" is not.
+	if n := s.Sweep(now + sec); n != 1 {
+		t.Fatalf("Sweep() = %d, want 1", n)
+	}
+	if _, ok, _ := s.Peek(context.Background(), "old", now+sec); ok {
+		t.Error("old still held after sweep, want forgotten")
+	}
+	d, ok, _ := s.Peek(context.Background(), "new", now+sec)
+	if !ok {
+		t.Fatal("new forgotten by sweep, want kept")
+	}
+	if d.Remaining != 9 {
+		t.Errorf("new: Remaining = %d, want 9", d.Remaining)
+	}
+	if got := s.Len(); got != 1 {
+		t.Errorf("Len() = %d, want 1", got)
+	}
+}
+
+func TestResetAndUndo(t *testing.T) {
+	s := newStore(t, algorithms.TokenBucket, 1, time.Hour, 0)
+	ctx := context.Background()
+	now := 100 * sec
+	take(t, s, "a", now)
+	if err := s.Undo(ctx, "a", now, algorithms.Milli); err != nil {
+		t.Fatal(err)
+	}
+	if !take(t, s, "a", now).Allowed {
+		t.Fatal("Take after Undo = false, want true")
+	}
+	if ok, _ := s.Reset(ctx, "a"); !ok {
+		t.Fatal("Reset(a) = false, want true")
+	}
+	if ok, _ := s.Reset(ctx, "a"); ok {
+		t.Fatal("second Reset(a) = true, want false")
+	}
+	if !take(t, s, "a", now).Allowed {
+		t.Fatal("Take after Reset = false, want true")
+	}
+	if err := s.Undo(ctx, "missing", now, algorithms.Milli); err != nil {
+		t.Fatalf("Undo(missing) = %v, want nil", err)
+	}
+}
+
+func TestConcurrentTakesAdmitExactlyBurst(t *testing.T) {
+	s := newStore(t, algorithms.TokenBucket, 1000, time.Hour, 0)
+	var admitted sync.WaitGroup
+	var mu sync.Mutex
+	n := 0
+	for g := 0; g < 16; g++ {
+		admitted.Add(1)
+		go func() {
+			defer admitted.Done()
+			for i := 0; i < 200; i++ {
+				d, _ := s.Take(context.Background(), "hot", 100*sec, algorithms.Milli)
+				if d.Allowed {
+					mu.Lock()
+					n++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	admitted.Wait()
+	if n != 1000 {
+		t.Fatalf("admitted %d of 3200, want exactly 1000", n)
+	}
+}
+
+// BenchmarkTake measures one decision on the memory store, with one hot key
+// and with 100,000 keys, serial and parallel.
+func BenchmarkTake(b *testing.B) {
+	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog, algorithms.FixedWindow, algorithms.LeakyBucket} {
+		for _, keys := range []int{1, 100_000} {
+			for _, parallel := range []bool{false, true} {
+				mode := "serial"
+				if parallel {
+					mode = "parallel"
+				}
+				b.Run(fmt.Sprintf("alg=%s/keys=%d/%s", kind, keys, mode), func(b *testing.B) {
+					benchTake(b, kind, keys, parallel)
+				})
+			}
+		}
+	}
+}
+
+func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel bool) {
+	// A limit that admits most requests so the allowed path is measured.
+	l, err := algorithms.NewLimit(kind, 1_000_000, time.Second, 0, 0)
+	if kind == algorithms.SlidingLog {
+		l, err = algorithms.NewLimit(kind, 100, time.Second, 0, 0)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := New(storage.Zone{Name: "bench", Limit: l})
+	keys := make([]string, nkeys)
+	ctx := context.Background()
+	for i := range keys {
+		keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
+		s.Take(ctx, keys[i], 1, algorithms.Milli)
+	}
+	start := time.Now()
+	clock := func() int64 { return time.Since(start).Microseconds() + 1 }
+	b.ReportAllocs()
+	b.ResetTimer()
+	if !parallel {
+		for i := 0; b.Loop(); i++ {
+			s.Take(ctx, keys[i%nkeys], clock(), algorithms.Milli)
+		}
+		return
+	}
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(time.Now().UnixNano())
+		for pb.Next() {
+			i++
+			s.Take(ctx, keys[i%nkeys], clock(), algorithms.Milli)
+		}
+	})
+}

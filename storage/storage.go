@@ -1,0 +1,57 @@
+// Package storage runs rate-limit decisions atomically against a store.
+// A store holds one limiter state per (zone, key); a decision reads the
+// state, runs the zone's algorithm from package algorithms and writes the
+// new state as one atomic step: under a shard lock in the memory store
+// (package storage/memory), as one Lua script on the server in the Redis
+// store (package storage/redis).
+package storage
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+)
+
+// Zone is what a store needs to know of one rate-limit zone.
+type Zone struct {
+	// Name is the zone's name; no zone can read another zone's state.
+	Name string
+	// Limit is the zone's algorithm and limit.
+	Limit algorithms.Limit
+	// MaxKeys bounds the keys an in-memory store keeps for the zone.
+	MaxKeys int
+}
+
+// Limiter runs one zone's decisions. Keys are resolved keys, already bounded
+// with BoundKey. Times are µs since the Unix epoch and costs milli-units, as
+// in package algorithms. A store that keeps its own clock (Redis) ignores now.
+type Limiter interface {
+	// Take decides one request of cost for key and charges it if admitted.
+	Take(ctx context.Context, key string, now, cost int64) (algorithms.Decision, error)
+	// Undo gives back cost that an earlier Take for key admitted.
+	Undo(ctx context.Context, key string, now, cost int64) error
+	// Peek reports key's state as the decision for one event would see it,
+	// charging nothing; ok is false for a key the store does not hold.
+	Peek(ctx context.Context, key string, now int64) (d algorithms.Decision, ok bool, err error)
+	// Reset forgets key, so that its next request finds a fresh state;
+	// ok is false for a key the store did not hold.
+	Reset(ctx context.Context, key string) (ok bool, err error)
+}
+
+// MaxKeyLen is the longest resolved key stored as it is; BoundKey hashes
+// longer ones.
+const MaxKeyLen = 128
+
+// BoundKey bounds a resolved key's size: a key of at most MaxKeyLen bytes is
+// returned unchanged (no allocation); a longer one is replaced by "#" and
+// the base64 of its SHA-256. A short key that itself starts with "#" is
+// hashed too, so that no client can name the hashed form of another's key.
+func BoundKey(key string) string {
+	if len(key) <= MaxKeyLen && (key == "" || key[0] != '#') {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "#" + base64.RawURLEncoding.EncodeToString(sum[:])
+}

@@ -1,0 +1,329 @@
+package tollgate
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+// Zone is one rate limit: Events per Window for each distinct resolved Key,
+// applied to the requests that match.
+type Zone struct {
+	// MatcherSetsRaw limits the zone to the requests that match; without
+	// it the zone applies to every request the handler sees.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	// Key is a template of Caddy placeholders naming who is limited; one
+	// limiter state exists per distinct resolved key. A key that resolves to
+	// the empty string is one shared identity. Default: "{http.vars.client_ip}"
+	// (the Caddyfile's {client_ip}), which honours trusted_proxies.
+	Key string `json:"key,omitempty"`
+
+	// Algorithm is one of token_bucket (the default), gcra, sliding_window,
+	// sliding_log, fixed_window, leaky_bucket.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// Events is how many events the zone admits per Window. Required, > 0.
+	Events int64 `json:"events,omitempty"`
+
+	// Window is the duration Events are counted over. Required, > 0.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// Burst is the bucket capacity of token_bucket, gcra and leaky_bucket,
+	// in events. Default: Events.
+	Burst int64 `json:"burst,omitempty"`
+
+	// Cost is what one request counts for: a number, or a template such as
+	// "{http.request.header.X-Request-Weight}". Fractions are allowed.
+	// Default: 1.
+	Cost Cost `json:"cost,omitempty"`
+
+	// DefaultCost is the cost of a request whose Cost template does not
+	// resolve to a finite number >= 0. Default: 1.
+	DefaultCost *float64 `json:"default_cost,omitempty"`
+
+	// MaxDelay makes a leaky_bucket shape instead of police: a request that
+	// does not fit now waits until it fits, up to MaxDelay. Default: 0.
+	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
+
+	// IPv4Prefix groups IPv4 keys by network: a key that is an IPv4
+	// address is masked to this many bits. Default: 32.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// IPv6Prefix groups IPv6 keys by network, e.g. 64. Default: 128.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// OnStorageError decides what happens when the store cannot answer in
+	// time: "allow" (the default, fail open), "deny" (503 with
+	// Retry-After: 1) or "local" (enforce the zone from this instance's
+	// memory until the store answers again).
+	OnStorageError string `json:"on_storage_error,omitempty"`
+
+	// DryRun makes the zone record its decisions without rejecting.
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
+// Cost is a request cost: a number, or a template of placeholders. In JSON
+// it is a number or a string.
+type Cost string
+
+// UnmarshalJSON accepts a JSON number or string.
+func (c *Cost) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*c = Cost(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("cost: want a number or a string, got %s", b)
+	}
+	*c = Cost(n.String())
+	return nil
+}
+
+// MarshalJSON writes a constant cost as a number and a template as a string.
+func (c Cost) MarshalJSON() ([]byte, error) {
+	if _, ok := algorithms.ParseCost(string(c)); ok {
+		return []byte(c), nil
+	}
+	return json.Marshal(string(c))
+}
+
+// defaultKey is the Caddyfile's {client_ip}.
+const defaultKey = "{http.vars.client_ip}"
+
+// onStorageError modes.
+const (
+	failAllow = iota
+	failDeny
+	failLocal
+)
+
+// zone is a provisioned Zone.
+type zone struct {
+	name     string
+	spec     storage.Zone
+	matchers caddyhttp.MatcherSets
+	key      string // template
+	clientIP bool   // key is exactly the client IP: read it without the replacer
+	v4bits   int
+	v6bits   int
+
+	costTemplate string // empty when the cost is constant
+	cost         int64  // constant cost, milli
+	defaultCost  int64  // milli
+
+	onError int
+	dryRun  bool
+
+	limiter storage.Limiter
+	local   storage.Limiter // for on_storage_error local
+
+	policy string // this zone's RateLimit-Policy item, built once
+}
+
+func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
+	if err := validZoneName(name); err != nil {
+		return nil, err
+	}
+	if zc == nil {
+		return nil, fmt.Errorf("zone is empty: events and window are required")
+	}
+	kind, err := algorithms.ParseKind(zc.Algorithm)
+	if err != nil {
+		return nil, fmt.Errorf("algorithm: %w", err)
+	}
+	if zc.Events == 0 && zc.Window == 0 {
+		return nil, fmt.Errorf("events and window are required (or rate)")
+	}
+	limit, err := algorithms.NewLimit(kind, zc.Events, time.Duration(zc.Window), zc.Burst, time.Duration(zc.MaxDelay))
+	if err != nil {
+		return nil, err
+	}
+	z := &zone{
+		name:   name,
+		spec:   storage.Zone{Name: name, Limit: limit, MaxKeys: h.MaxKeys},
+		key:    zc.Key,
+		v4bits: zc.IPv4Prefix,
+		v6bits: zc.IPv6Prefix,
+		dryRun: zc.DryRun,
+	}
+	if z.key == "" {
+		z.key = defaultKey
+	}
+	z.clientIP = z.key == defaultKey
+	if z.v4bits < 0 || z.v4bits > 32 {
+		return nil, fmt.Errorf("ipv4_prefix: must be in [0, 32], got %d", zc.IPv4Prefix)
+	}
+	if z.v6bits < 0 || z.v6bits > 128 {
+		return nil, fmt.Errorf("ipv6_prefix: must be in [0, 128], got %d", zc.IPv6Prefix)
+	}
+	if z.v4bits == 0 {
+		z.v4bits = 32
+	}
+	if z.v6bits == 0 {
+		z.v6bits = 128
+	}
+
+	z.defaultCost = algorithms.Milli
+	if zc.DefaultCost != nil {
+		m, ok := algorithms.CostMilli(*zc.DefaultCost)
+		if !ok {
+			return nil, fmt.Errorf("default_cost: must be a finite number >= 0, got %v", *zc.DefaultCost)
+		}
+		z.defaultCost = m
+	}
+	switch c := strings.TrimSpace(string(zc.Cost)); {
+	case c == "":
+		z.cost = algorithms.Milli
+	case strings.Contains(c, "{"):
+		z.costTemplate = c
+	default:
+		m, ok := algorithms.ParseCost(c)
+		if !ok {
+			return nil, fmt.Errorf("cost: must be a finite number >= 0 or a placeholder template, got %q", string(zc.Cost))
+		}
+		z.cost = m
+	}
+
+	switch zc.OnStorageError {
+	case "", "allow":
+		z.onError = failAllow
+	case "deny":
+		z.onError = failDeny
+	case "local":
+		z.onError = failLocal
+	default:
+		return nil, fmt.Errorf("on_storage_error: must be allow, deny or local, got %q", zc.OnStorageError)
+	}
+
+	if zc.MatcherSetsRaw != nil {
+		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
+		if err != nil {
+			return nil, fmt.Errorf("loading matchers: %w", err)
+		}
+		if err := z.matchers.FromInterface(mods); err != nil {
+			return nil, fmt.Errorf("match: %w", err)
+		}
+	}
+
+	z.policy = policyItem(name, limit)
+
+	if z.limiter, err = h.backend.OpenLimiter(z.spec); err != nil {
+		return nil, fmt.Errorf("storage: %w", err)
+	}
+	if z.onError == failLocal {
+		if h.backend != Backend(h.mem) {
+			if z.local, err = h.mem.OpenLimiter(z.spec); err != nil {
+				return nil, fmt.Errorf("on_storage_error local: %w", err)
+			}
+		}
+	}
+	return z, nil
+}
+
+// validZoneName accepts names that can stand unquoted in logs, metrics
+// labels, admin API paths and RateLimit header strings.
+func validZoneName(name string) error {
+	if name == "" {
+		return fmt.Errorf("zone name: must not be empty")
+	}
+	if len(name) > 64 {
+		return fmt.Errorf("zone name: at most 64 characters, got %d", len(name))
+	}
+	for _, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-', r == '.':
+		default:
+			return fmt.Errorf("zone name %q: only letters, digits, '_', '-' and '.' are allowed", name)
+		}
+	}
+	return nil
+}
+
+// release closes what the zone opened.
+func (z *zone) release() {
+	for _, l := range []storage.Limiter{z.limiter, z.local} {
+		if c, ok := l.(interface{ Close() }); ok {
+			c.Close()
+		}
+	}
+}
+
+// sweep forgets fresh keys in the zone's memory stores.
+func (z *zone) sweep(now int64) {
+	for _, l := range []storage.Limiter{z.limiter, z.local} {
+		if s, ok := l.(interface{ Sweep(int64) int }); ok {
+			s.Sweep(now)
+		}
+	}
+}
+
+// resolveKey returns the zone's key for the request, masked to the zone's
+// IP prefixes when it is an IP address, and bounded in size.
+func (z *zone) resolveKey(r *http.Request, repl *caddy.Replacer) string {
+	var key string
+	if z.clientIP {
+		key, _ = caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+	} else {
+		key = repl.ReplaceAll(z.key, "")
+	}
+	if z.v4bits < 32 || z.v6bits < 128 {
+		key = maskIP(key, z.v4bits, z.v6bits)
+	}
+	return storage.BoundKey(key)
+}
+
+// maskIP masks key to its network if it is an IP address.
+func maskIP(key string, v4bits, v6bits int) string {
+	ip, err := netip.ParseAddr(key)
+	if err != nil {
+		return key
+	}
+	bits := v6bits
+	if ip.Is4() || ip.Is4In6() {
+		ip, bits = ip.Unmap(), v4bits
+	}
+	p, err := ip.Prefix(bits)
+	if err != nil {
+		return key
+	}
+	return p.String()
+}
+
+// resolveCost returns the request's cost in milli-units.
+func (z *zone) resolveCost(repl *caddy.Replacer) int64 {
+	if z.costTemplate == "" {
+		return z.cost
+	}
+	if m, ok := algorithms.ParseCost(repl.ReplaceAll(z.costTemplate, "")); ok {
+		return m
+	}
+	return z.defaultCost
+}
+
+// policyItem is the zone's RateLimit-Policy list item: quota per window in
+// whole seconds, a window under one second written as the equivalent quota
+// per second.
+func policyItem(name string, l algorithms.Limit) string {
+	const second = int64(time.Second / time.Microsecond)
+	q, w := l.Events, l.Window/second
+	switch {
+	case l.Window < second:
+		q, w = max(1, l.Events*second/l.Window), 1
+	case l.Window%second != 0:
+		w = (l.Window + second - 1) / second
+	}
+	return `"` + name + `";q=` + strconv.FormatInt(q, 10) + `;w=` + strconv.FormatInt(w, 10)
+}
