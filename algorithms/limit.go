@@ -152,8 +152,11 @@ func NewLimit(kind Kind, events int64, window time.Duration, burst int64, maxDel
 	if w/events == 0 {
 		return Limit{}, fmt.Errorf("events: %d per %s is more than one per microsecond, the finest rate Tollgate keeps per key", events, window)
 	}
+	// Unit rounds W/N up, so Tau = N * Unit may pass W, and MaxSpan, by
+	// less than N µs; that is no overflow (< MaxSpan + MaxEvents). Only a
+	// burst beyond events must refill within MaxSpan.
 	hi, tau := bits.Mul64(uint64(burst), uint64(unit))
-	if hi != 0 || tau > uint64(MaxSpan) {
+	if burst > events && (hi != 0 || tau > uint64(MaxSpan)) {
 		return Limit{}, fmt.Errorf("burst: %d events of %s each take longer than %s to refill", burst, time.Duration(unit)*time.Microsecond, time.Duration(MaxSpan)*time.Microsecond)
 	}
 	if kind != TokenBucket && kind != GCRA && kind != LeakyBucket && burst != events {

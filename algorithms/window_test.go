@@ -1,0 +1,118 @@
+package algorithms
+
+import (
+	"testing"
+	"time"
+)
+
+// TestFixedWindow: 3 events per aligned second.
+func TestFixedWindow(t *testing.T) {
+	steps := []step{
+		0: {take, t0 + 100*ms, 1000, Decision{Allowed: true, Remaining: 2, Reset: 900 * ms}},
+		1: {take, t0 + 200*ms, 1500, Decision{Allowed: true, Remaining: 0, Reset: 800 * ms}},
+		2: {take, t0 + 300*ms, 1000, Decision{Remaining: 0, Reset: 700 * ms, Wait: 700 * ms}},
+		3: {take, t0 + 300*ms, 500, Decision{Allowed: true, Remaining: 0, Reset: 700 * ms}},
+		4: {peek, t0 + sec - 1, 1, Decision{Remaining: 0, Reset: 1, Wait: 1}},
+		5: {fresh, t0 + sec - 1, 0, Decision{Allowed: false}},
+		// A new window: the count starts over.
+		6:  {take, t0 + sec, 3000, Decision{Allowed: true, Remaining: 0, Reset: sec}},
+		7:  {take, t0 + sec, 4000, Decision{Remaining: 0, Reset: sec, Wait: Never}},
+		8:  {undo, t0 + 1500*ms, 2000, Decision{}},
+		9:  {peek, t0 + 1500*ms, 2000, Decision{Allowed: true, Remaining: 2, Reset: 500 * ms}},
+		10: {take, t0 + 1500*ms, 2000, Decision{Allowed: true, Remaining: 0, Reset: 500 * ms}},
+		// Before the stored window start: counted in the stored window, at
+		// its start.
+		11: {take, t0 + 500*ms, 1000, Decision{Remaining: 0, Reset: sec, Wait: sec}},
+		12: {fresh, t0 + 2*sec - 1, 0, Decision{Allowed: false}},
+		13: {fresh, t0 + 2*sec, 0, Decision{Allowed: true}},
+		14: {take, t0 + 2*sec, 0, Decision{Allowed: true, Remaining: 3, Reset: 0}},
+		// The boundary burst: 2N within 2µs across a window start.
+		15: {take, t0 + 3*sec - 1, 3000, Decision{Allowed: true, Remaining: 0, Reset: 1}},
+		16: {take, t0 + 3*sec, 3000, Decision{Allowed: true, Remaining: 0, Reset: sec}},
+		// Two windows on, nothing of the old count is left.
+		17: {take, t0 + 5*sec + 1, 1000, Decision{Allowed: true, Remaining: 2, Reset: sec - 1}},
+	}
+	run(t, mustLimit(t, FixedWindow, 3, time.Second, 0, 0), steps)
+}
+
+// TestSlidingWindow: 4 events per second, the previous aligned second's
+// count weighing in as prev * (W - elapsed) / W, floored in milli-units.
+func TestSlidingWindow(t *testing.T) {
+	steps := []step{
+		0: {take, t0 + 500*ms, 2000, Decision{Allowed: true, Remaining: 2, Reset: 1500 * ms}},
+		1: {take, t0 + 750*ms, 2000, Decision{Allowed: true, Remaining: 0, Reset: 1250 * ms}},
+		// Full for the rest of this window. In the next one 4 weighs
+		// floor(4000 * (W - e) / W) milli-units, which is <= 3500 once
+		// W - e < 875250µs: at e = 124751µs, 374751µs from now.
+		2: {take, t0 + 750*ms, 500, Decision{Remaining: 0, Reset: 1250 * ms, Wait: 374_751}},
+		3: {peek, t0 + sec + 124_750, 500, Decision{Remaining: 0, Reset: 875_250, Wait: 1}},
+		4: {peek, t0 + sec + 124_751, 500, Decision{Allowed: true, Remaining: 0, Reset: 875_249}},
+		// At e = 250ms the previous window weighs 3: room for 1.
+		5: {take, t0 + 1250*ms, 1000, Decision{Allowed: true, Remaining: 0, Reset: 1750 * ms}},
+		// 0.5 more fits once the previous window weighs <= 2.5, at
+		// e = 374751µs (floor(4000 * 625249 / 10^6) = 2500).
+		6: {take, t0 + 1250*ms, 500, Decision{Remaining: 0, Reset: 1750 * ms, Wait: 124_751}},
+		7: {take, t0 + 1500*ms, 500, Decision{Allowed: true, Remaining: 0, Reset: 1500 * ms}},
+		8: {undo, t0 + 1500*ms, 500, Decision{}},
+		9: {peek, t0 + 1500*ms, 1000, Decision{Allowed: true, Remaining: 1, Reset: 1500 * ms}},
+		// Two seconds in: the previous window (1 event) weighs 0.5.
+		10: {take, t0 + 2500*ms, 5000, Decision{Remaining: 3, Reset: 500 * ms, Wait: Never}},
+		11: {fresh, t0 + 3*sec - 1, 0, Decision{Allowed: false}},
+		12: {fresh, t0 + 3*sec, 0, Decision{Allowed: true}},
+		13: {take, t0 + 3500*ms, 4000, Decision{Allowed: true, Remaining: 0, Reset: 1500 * ms}},
+		14: {take, t0 + 4250*ms, 1000, Decision{Allowed: true, Remaining: 0, Reset: 1750 * ms}},
+		// Before the stored window start: taken as the window start, where
+		// the previous window still weighs all 4. Without a last reading
+		// in its state, the sliding window errs towards rejecting, as gcra
+		// does, even for a request that costs nothing.
+		15: {take, t0 + 3900*ms, 0, Decision{Remaining: 0, Reset: 2 * sec, Wait: 249_751}},
+		16: {take, t0 + 4250*ms, 0, Decision{Allowed: true, Remaining: 0, Reset: 1750 * ms}},
+		// Undo after the window rolled gives back to the previous window.
+		17: {undo, t0 + 5*sec, 1000, Decision{}},
+		18: {peek, t0 + 5*sec, 0, Decision{Allowed: true, Remaining: 4, Reset: 0}},
+	}
+	run(t, mustLimit(t, SlidingWindow, 4, time.Second, 0, 0), steps)
+}
+
+// TestSlidingLog: 3 events in any (now - 1s, now]. A fractional cost takes
+// whole events: 1.5 takes 2.
+func TestSlidingLog(t *testing.T) {
+	steps := []step{
+		0: {take, t0, 1000, Decision{Allowed: true, Remaining: 2, Reset: sec}},
+		1: {take, t0 + 100*ms, 1500, Decision{Allowed: true, Remaining: 0, Reset: sec}},
+		// The event at t0 leaves the window at t0+1s.
+		2: {take, t0 + 200*ms, 500, Decision{Remaining: 0, Reset: 900 * ms, Wait: 800 * ms}},
+		3: {peek, t0 + sec - 1, 1000, Decision{Remaining: 0, Reset: 100*ms + 1, Wait: 1}},
+		4: {take, t0 + sec, 1000, Decision{Allowed: true, Remaining: 0, Reset: sec}},
+		// Two must leave: both of t0+100ms.
+		5:  {take, t0 + sec, 2000, Decision{Remaining: 0, Reset: sec, Wait: 100 * ms}},
+		6:  {take, t0 + sec, 4000, Decision{Remaining: 0, Reset: sec, Wait: Never}},
+		7:  {undo, t0 + sec, 1000, Decision{}},
+		8:  {peek, t0 + sec, 1000, Decision{Allowed: true, Remaining: 1, Reset: 100 * ms}},
+		9:  {peek, t0 + sec, 1000, Decision{Allowed: true, Remaining: 1, Reset: 100 * ms}},
+		10: {take, t0 + 1100*ms, 0, Decision{Allowed: true, Remaining: 3, Reset: 0}},
+		11: {fresh, t0 + 1100*ms, 0, Decision{Allowed: true}},
+		12: {take, t0 + 1500*ms, 1000, Decision{Allowed: true, Remaining: 2, Reset: sec}},
+		// Before the newest entry: logged at the newest entry's time.
+		13: {take, t0 + 1200*ms, 1000, Decision{Allowed: true, Remaining: 1, Reset: sec}},
+		14: {fresh, t0 + 2500*ms - 1, 0, Decision{Allowed: false}},
+		15: {fresh, t0 + 2500*ms, 0, Decision{Allowed: true}},
+		// The ring wraps around.
+		16: {take, t0 + 3*sec, 2000, Decision{Allowed: true, Remaining: 1, Reset: sec}},
+		17: {take, t0 + 3500*ms, 1000, Decision{Allowed: true, Remaining: 0, Reset: sec}},
+		18: {take, t0 + 4*sec, 2000, Decision{Allowed: true, Remaining: 0, Reset: sec}},
+		19: {take, t0 + 4*sec, 1, Decision{Remaining: 0, Reset: sec, Wait: 500 * ms}},
+	}
+	run(t, mustLimit(t, SlidingLog, 3, time.Second, 0, 0), steps)
+}
+
+// TestSlidingLogWithoutRing: a state not made by NewState still works.
+func TestSlidingLogWithoutRing(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 2, time.Second, 0, 0)
+	var s State
+	for i, want := range []bool{true, true, false} {
+		if d := l.Take(&s, t0, Milli); d.Allowed != want {
+			t.Errorf("step %d: Take(t0, 1) = %t, want %t", i, d.Allowed, want)
+		}
+	}
+}
