@@ -2,6 +2,7 @@ package tollgate
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -308,8 +309,8 @@ func floatArg(d *caddyfile.Dispenser) (float64, error) {
 		return 0, err
 	}
 	v, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return 0, d.Errf("%s: want a number, got '%s'", opt, s)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, d.Errf("%s: want a finite number, got '%s'", opt, s)
 	}
 	return v, nil
 }

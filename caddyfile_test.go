@@ -1,0 +1,139 @@
+package tollgate
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// TestValidateRejectsBadInput runs each bad Caddyfile through the adapter
+// and caddy.Validate, as `caddy validate` does, and checks the error names
+// the field and the value.
+func TestValidateRejectsBadInput(t *testing.T) {
+	site := func(body string) string {
+		return ":8080 {\n\trate_limit {\n" + body + "\n\t}\n\trespond ok\n}\n"
+	}
+	zone := func(body string) string { return site("zone z {\n" + body + "\n}") }
+	cases := []struct {
+		name, config, want string
+	}{
+		{"events 0", zone("events 0\nwindow 1m"), "events: must be greater than 0, got 0"},
+		{"events not a number", zone("events ten\nwindow 1m"), "events: want a whole number, got 'ten'"},
+		{"window 0", zone("events 5\nwindow 0s"), "window: must be greater than 0, got 0s"},
+		{"window junk", zone("events 5\nwindow soon"), "window: want a duration such as 1m, got 'soon'"},
+		{"burst negative", zone("rate 5/s\nburst -1"), "burst: must not be negative, got -1"},
+		{"unknown algorithm", zone("rate 5/s\nalgorithm bogus"), `unknown algorithm "bogus"`},
+		{"rate unparsable", zone("rate fast"), `rate: "fast": want <events>/<window>`},
+		{"rate bad unit", zone("rate 10/fortnight"), `unknown window "fortnight"`},
+		{"rate zero", zone("rate 0/s"), `events must be a whole number > 0, got "0"`},
+		{"rate and events", zone("rate 10/s\nevents 5"), "rate is shorthand for events and window"},
+		{"missing window", zone("events 5"), "requires both events and window"},
+		{"zone option twice", zone("rate 5/s\nkey a\nkey b"), "option 'key' given twice"},
+		{"unknown zone option", zone("rate 5/s\nflavour vanilla"), "unrecognized subdirective 'flavour'"},
+		{"unknown option", site("zone z {\nrate 5/s\n}\nflavour vanilla"), "unrecognized subdirective 'flavour'"},
+		{"option twice", site("zone z {\nrate 5/s\n}\njitter 0.1\njitter 0.2"), "option 'jitter' given twice"},
+		{"zone twice", site("zone z {\nrate 5/s\n}\nzone z {\nrate 5/s\n}"), "zone 'z' defined twice"},
+		{"jitter above 1", site("zone z {\nrate 5/s\n}\njitter 1.5"), "jitter: must be in [0, 1], got 1.5"},
+		{"jitter negative", site("zone z {\nrate 5/s\n}\njitter -0.1"), "jitter: must be in [0, 1], got -0.1"},
+		{"status not an error", site("zone z {\nrate 5/s\n}\nstatus 200"), "status: must be an HTTP error status (400-599), got 200"},
+		{"headers unknown", site("zone z {\nrate 5/s\n}\nheaders fancy"), `headers: unknown mode "fancy"`},
+		{"headers none with others", site("zone z {\nrate 5/s\n}\nheaders none ietf"), "headers: none cannot be combined"},
+		{"max_keys negative", site("zone z {\nrate 5/s\n}\nmax_keys -5"), "max_keys: must not be negative, got -5"},
+		{"ipv4_prefix too long", zone("rate 5/s\nipv4_prefix 33"), "ipv4_prefix: must be in [0, 32], got 33"},
+		{"ipv6_prefix too long", zone("rate 5/s\nipv6_prefix 129"), "ipv6_prefix: must be in [0, 128], got 129"},
+		{"cost junk", zone("rate 5/s\ncost lots"), `cost: must be a finite number >= 0 or a placeholder template, got "lots"`},
+		{"cost negative", zone("rate 5/s\ncost -1"), `cost: must be a finite number >= 0 or a placeholder template, got "-1"`},
+		{"default_cost NaN", zone("rate 5/s\ndefault_cost NaN"), "default_cost: want a finite number, got 'NaN'"},
+		{"default_cost negative", zone("rate 5/s\ndefault_cost -2"), "default_cost: must be a finite number >= 0, got -2"},
+		{"max_delay on token bucket", zone("rate 5/s\nmax_delay 1s"), "max_delay: only leaky_bucket can delay requests"},
+		{"on_storage_error unknown", zone("rate 5/s\non_storage_error panic"), `on_storage_error: must be allow, deny or local, got "panic"`},
+		{"rate too fine", zone("events 2000000\nwindow 1s"), "more than one per microsecond"},
+		{"zone name", site("zone bad/name {\nrate 5/s\n}"), `zone name "bad/name"`},
+		{"distributed", site("zone z {\nrate 5/s\n}\ndistributed"), "use 'storage redis'"},
+		{"storage unknown", site("zone z {\nrate 5/s\n}\nstorage floppy"), "floppy"},
+		{"no zones", site("jitter 0.1"), "at least one zone is required"},
+		{"sliding_log too many events", zone("algorithm sliding_log\nevents 200000\nwindow 1h"), "events: sliding_log keeps one timestamp per event and allows at most 100000, got 200000"},
+		{"burst on a window algorithm", zone("algorithm fixed_window\nrate 5/s\nburst 10"), "burst: fixed_window has no bucket"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := validate(c.config)
+			if err == nil {
+				t.Fatalf("validate = nil, want an error containing %q", c.want)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("validate = %q, want it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestValidateAcceptsExamples(t *testing.T) {
+	for _, cfg := range []string{
+		":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\trate 5/s\n\t\t}\n\t}\n}\n",
+		":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\talgorithm sliding_log\n\t\t}\n\t\theaders ietf ietf-draft-03 x-ratelimit\n\t}\n}\n",
+	} {
+		if err := validate(cfg); err != nil {
+			t.Errorf("validate(%q) = %v, want nil", cfg, err)
+		}
+	}
+}
+
+func TestParseRate(t *testing.T) {
+	cases := []struct {
+		in     string
+		events int64
+		window time.Duration
+	}{
+		{"10/s", 10, time.Second},
+		{"600/m", 600, time.Minute},
+		{"5000/h", 5000, time.Hour},
+		{"100/10s", 100, 10 * time.Second},
+		{"3/d", 3, 24 * time.Hour},
+		{"50/ms", 50, time.Millisecond},
+		{"7/1m30s", 7, 90 * time.Second},
+	}
+	for _, c := range cases {
+		events, window, err := ParseRate(c.in)
+		if err != nil || events != c.events || window != c.window {
+			t.Errorf("ParseRate(%q) = %d, %s, %v; want %d, %s, nil", c.in, events, window, err, c.events, c.window)
+		}
+	}
+	for _, bad := range []string{"", "10", "/s", "10/", "-1/s", "0/s", "1.5/s", "10/0s", "10/-1s", "10/y", "x/s", "10/s/s"} {
+		if _, _, err := ParseRate(bad); err == nil {
+			t.Errorf("ParseRate(%q) = nil error, want one", bad)
+		}
+	}
+}
+
+func FuzzParseRate(f *testing.F) {
+	for _, s := range []string{"10/s", "100/10s", "1/d", "5/1h30m", "0/s", "/", "9999999999999999999/s", "1/999999h"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		events, window, err := ParseRate(s)
+		if err == nil && (events <= 0 || window <= 0) {
+			t.Fatalf("ParseRate(%q) = %d, %s, nil: accepted a non-positive rate", s, events, window)
+		}
+	})
+}
+
+// FuzzUnmarshalCaddyfile checks the Caddyfile parser never panics, whatever
+// the block holds.
+func FuzzUnmarshalCaddyfile(f *testing.F) {
+	for _, s := range []string{
+		"zone z {\n rate 10/s\n}",
+		"zone z {\n key {client_ip}\n events 5\n window 1m\n burst 10\n algorithm gcra\n cost {http.request.header.W}\n default_cost 2\n}\njitter 0.3",
+		"zone z {\n match {\n path /a\n }\n rate 1/s\n dry_run\n on_storage_error local\n ipv4_prefix 24\n}\nheaders ietf x-ratelimit\nstatus 503\nmax_keys 10\nsweep_interval 1s\nlog_key",
+		"zone {\n}", "zone z z", "storage", "headers", "zone z {\n rate\n}", "}}}{{{",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		d := caddyfile.NewTestDispenser("rate_limit {\n" + body + "\n}")
+		var h Handler
+		_ = h.UnmarshalCaddyfile(d)
+	})
+}

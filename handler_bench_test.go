@@ -1,0 +1,85 @@
+package tollgate
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// nopWriter is a ResponseWriter whose header map is reused across requests.
+type nopWriter struct{ h http.Header }
+
+func (w *nopWriter) Header() http.Header         { return w.h }
+func (w *nopWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w *nopWriter) WriteHeader(int)             {}
+
+var nextOK = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+
+// provisionBench provisions a handler with one zone built by zone, and
+// returns it with its cleanup.
+func provisionBench(b *testing.B, h *Handler) {
+	b.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	b.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := h.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Cleanup() })
+}
+
+// benchRequests returns n prepared requests, each from its own client IP,
+// as Caddy's server would hand them to the handler.
+func benchRequests(n int) []*http.Request {
+	reqs := make([]*http.Request, n)
+	for i := range reqs {
+		r := httptest.NewRequest(http.MethodGet, "/api/x?weight=2", nil)
+		r.Header.Set("X-API-Key", "key-"+strconv.Itoa(i))
+		repl := caddy.NewReplacer()
+		r = caddyhttp.PrepareRequest(r, repl, nil, nil)
+		caddyhttp.SetVar(r.Context(), caddyhttp.ClientIPVarKey, "10.1."+strconv.Itoa(i/256)+"."+strconv.Itoa(i%256))
+		reqs[i] = r
+	}
+	return reqs
+}
+
+// BenchmarkServeHTTP measures the handler's own overhead on the allowed
+// path: key resolution, the decision on the memory store, and the headers.
+func BenchmarkServeHTTP(b *testing.B) {
+	cases := []struct {
+		name string
+		zone Zone
+		hdrs []string
+	}{
+		{"key=client_ip/headers=ietf", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil},
+		{"key=client_ip/headers=none", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}},
+		{"key=header/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil},
+		{"key=header/cost=query/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Cost: "{http.request.uri.query.weight}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil},
+	}
+	for _, c := range cases {
+		for _, keys := range []int{1, 100_000} {
+			b.Run(c.name+"/keys="+strconv.Itoa(keys), func(b *testing.B) {
+				z := c.zone
+				h := &Handler{RateLimits: map[string]*Zone{"bench": &z}, Headers: c.hdrs}
+				provisionBench(b, h)
+				reqs := benchRequests(keys)
+				w := &nopWriter{h: make(http.Header)}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; b.Loop(); i++ {
+					clear(w.h)
+					if err := h.ServeHTTP(w, reqs[i%keys], nextOK); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
