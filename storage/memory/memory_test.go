@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -235,4 +236,38 @@ func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel bool) {
 			s.Take(ctx, keys[i%nkeys], clock.Add(1), algorithms.Milli)
 		}
 	})
+}
+
+// BenchmarkBytesPerKey reports the memory store's heap bytes per key for
+// each algorithm: 100,000 keys with one request each (sliding_log with
+// events=100, whose ring is 8 bytes per event).
+func BenchmarkBytesPerKey(b *testing.B) {
+	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog, algorithms.FixedWindow, algorithms.LeakyBucket} {
+		b.Run("alg="+kind.String(), func(b *testing.B) {
+			const n = 100_000
+			l, err := algorithms.NewLimit(kind, 100, time.Minute, 0, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := make([]string, n)
+			for i := range keys {
+				keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
+			}
+			var perKey float64
+			for b.Loop() {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				s := New(storage.Zone{Name: "mem", Limit: l})
+				for _, k := range keys {
+					s.Take(context.Background(), k, 1, algorithms.Milli)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				perKey = float64(after.HeapAlloc-before.HeapAlloc) / n
+				runtime.KeepAlive(s)
+			}
+			b.ReportMetric(perKey, "bytes/key")
+		})
+	}
 }
