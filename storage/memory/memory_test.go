@@ -85,6 +85,35 @@ func TestMaxKeysBound(t *testing.T) {
 	}
 }
 
+func TestLRUPromotesAtMostOncePerSecond(t *testing.T) {
+	l, err := algorithms.NewLimit(algorithms.FixedWindow, 100, time.Hour, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(storage.Zone{Name: "z", Limit: l, MaxKeys: 1})
+	s.perShard = 2 // one shard of two keys, to watch the order
+	ctx := context.Background()
+	now := 100 * sec
+	s.Take(ctx, "a", now, algorithms.Milli)
+	s.Take(ctx, "b", now, algorithms.Milli)
+	// a used again within the second: not promoted, so a is still the
+	// least recently used and goes first.
+	s.Take(ctx, "a", now+500_000, algorithms.Milli)
+	s.Take(ctx, "c", now+600_000, algorithms.Milli)
+	if _, ok, _ := s.Peek(ctx, "a", now); ok {
+		t.Fatal("a kept, want evicted: a use within the second does not promote")
+	}
+	// b used a second after it was promoted: it moves ahead of c.
+	s.Take(ctx, "b", now+sec, algorithms.Milli)
+	s.Take(ctx, "d", now+sec, algorithms.Milli)
+	if _, ok, _ := s.Peek(ctx, "b", now); !ok {
+		t.Fatal("b evicted, want kept: used a second later, it was promoted")
+	}
+	if _, ok, _ := s.Peek(ctx, "c", now); ok {
+		t.Fatal("c kept, want evicted as least recently used")
+	}
+}
+
 func TestLRUKeepsRecentlyUsed(t *testing.T) {
 	s := newStore(t, algorithms.TokenBucket, 1, time.Hour, 2)
 	// Find two keys in the same shard so that the shard's bound (1) applies.

@@ -1,0 +1,261 @@
+// Package redistest starts real redis-server processes for tests: a single
+// server on a free loopback port (Start), or a Redis Cluster of several
+// masters (StartCluster). Each server runs from its own temporary
+// directory without persistence, and is killed when the test ends.
+//
+// Tests need redis-server (and redis-cli for a cluster) on PATH. Without
+// them a test is skipped, unless the environment variable CI is set: then it
+// fails, so that a CI machine cannot silently skip the Redis tests.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// readyTimeout bounds how long a server may take to answer PING.
+const readyTimeout = 10 * time.Second
+
+// Server is one redis-server process started for a test. Its methods are
+// safe for concurrent use; they fail the test on error.
+type Server struct {
+	// Addr is the server's address, 127.0.0.1:port. It stays the same
+	// across Stop and Restart.
+	Addr string
+
+	tb    testing.TB
+	bin   string
+	dir   string
+	extra []string // more redis-server arguments (cluster mode)
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited
+}
+
+// Start starts a redis-server on a free loopback port and registers its
+// shutdown with tb.Cleanup.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	bin := lookPath(tb, "redis-server")
+	for attempt := 0; ; attempt++ {
+		s := newServer(tb, bin, freePort(tb), nil)
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if attempt == 4 {
+			tb.Fatalf("redistest: %v", err)
+		}
+		// Most likely another process took the port meanwhile; try another.
+	}
+}
+
+func newServer(tb testing.TB, bin string, port int, extra []string) *Server {
+	s := &Server{
+		Addr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		tb:    tb,
+		bin:   bin,
+		dir:   tb.TempDir(),
+		extra: extra,
+	}
+	// Registered after TempDir, so it runs first: the process dies before
+	// its directory is removed.
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// Client returns a new client for the server, closed when the test ends.
+// It honours contexts' deadlines (ContextTimeoutEnabled).
+func (s *Server) Client() *goredis.Client {
+	c := goredis.NewClient(&goredis.Options{
+		Addr:                  s.Addr,
+		ContextTimeoutEnabled: true,
+	})
+	s.tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Stop kills the server (SIGKILL: as abrupt as a crash) and waits for it to
+// exit. Its data are lost. Stopping a stopped server does nothing.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+	s.cmd = nil
+}
+
+// Restart stops the server if it runs and starts a new, empty one on the
+// same address.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.Stop()
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.tb.Fatalf("redistest: restart: %v", err)
+}
+
+// Pause freezes the server (SIGSTOP): it keeps its connections but answers
+// nothing, as a server that hangs. Resume undoes it.
+func (s *Server) Pause() {
+	s.tb.Helper()
+	s.signal(sigStop)
+}
+
+// Resume lets a paused server run again (SIGCONT).
+func (s *Server) Resume() {
+	s.tb.Helper()
+	s.signal(sigCont)
+}
+
+func (s *Server) signal(sig os.Signal) {
+	s.tb.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		s.tb.Fatalf("redistest: %s: server %s is not running", sig, s.Addr)
+	}
+	if sig == nil {
+		s.tb.Fatalf("redistest: pausing a server is not supported on this system")
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.tb.Fatalf("redistest: %s: %v", sig, err)
+	}
+}
+
+// start runs redis-server and waits until it answers PING.
+func (s *Server) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, port, _ := net.SplitHostPort(s.Addr)
+	logPath := filepath.Join(s.dir, "redis.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	args := append([]string{
+		"--port", port,
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--save", "",
+		"--appendonly", "no",
+		"--daemonize", "no",
+		"--protected-mode", "no",
+		"--logfile", "",
+	}, s.extra...)
+	cmd := exec.Command(s.bin, args...)
+	cmd.Dir = s.dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", s.bin, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		if ping(s.Addr) == nil {
+			s.cmd, s.exited = cmd, exited
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("redis-server on %s exited before it was ready: %s", s.Addr, tail(logPath))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("redis-server on %s not ready after %s: %s", s.Addr, readyTimeout, tail(logPath))
+		}
+	}
+}
+
+// ping sends one inline PING and checks for +PONG.
+func ping(addr string) error {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING: %q", strings.TrimSpace(line))
+	}
+	return nil
+}
+
+// tail returns the last lines of a log file, for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 10 {
+		lines = lines[len(lines)-10:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// lookPath finds a Redis binary, or skips (fails when CI is set) the test.
+func lookPath(tb testing.TB, name string) string {
+	tb.Helper()
+	path, err := exec.LookPath(name)
+	if err == nil {
+		return path
+	}
+	if os.Getenv("CI") != "" {
+		tb.Fatalf("%s not installed, and CI is set so Redis tests may not be skipped: apt-get install redis-server", name)
+	}
+	tb.Skipf("%s not installed: apt-get install redis-server", name)
+	return ""
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("redistest: finding a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// withTimeout is a context for one setup step.
+func withTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}

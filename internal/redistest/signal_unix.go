@@ -1,0 +1,11 @@
+//go:build unix
+
+package redistest
+
+import (
+	"os"
+	"syscall"
+)
+
+// sigStop and sigCont pause and resume a server.
+var sigStop, sigCont os.Signal = syscall.SIGSTOP, syscall.SIGCONT

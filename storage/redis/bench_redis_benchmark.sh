@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# bench_redis_benchmark.sh measures the token-bucket script with
+# redis-benchmark, the ceiling BenchmarkRedisTake can be compared with: it
+# starts its own redis-server on a free loopback port (never an existing
+# one), loads common.lua + bucket.lua with SCRIPT LOAD, and runs EVALSHA
+# from 1, 16 and 64 clients without pipelining over 10,000 keys, with the
+# arguments the Go store passes for 100 events per second.
+#
+# Usage: storage/redis/bench_redis_benchmark.sh [requests per run, default 100000]
+set -euo pipefail
+
+n=${1:-100000}
+here=$(cd "$(dirname "$0")" && pwd)
+for bin in redis-server redis-cli redis-benchmark; do
+	command -v "$bin" >/dev/null || { echo "$bin not installed: apt-get install redis-server" >&2; exit 1; }
+done
+
+dir=$(mktemp -d)
+pid=
+cleanup() {
+	if [ -n "$pid" ]; then
+		kill "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	fi
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+
+# Start on a random free port, checking that the server that answers is the
+# one started here.
+for attempt in 1 2 3 4 5 6 7 8 9 10; do
+	port=$((20000 + RANDOM % 20000))
+	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+		--daemonize no --protected-mode no --logfile "$dir/redis.log" &
+	pid=$!
+	for _ in $(seq 50); do
+		if ! kill -0 "$pid" 2>/dev/null; then break; fi
+		if [ "$(redis-cli -p "$port" INFO server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')" = "$pid" ]; then
+			break 2
+		fi
+		sleep 0.1
+	done
+	kill "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	pid=
+done
+[ -n "$pid" ] || { echo "could not start redis-server" >&2; exit 1; }
+
+# -x sends stdin byte for byte, so that the SHA is the one the Go store uses.
+sha=$(cat "$here/common.lua" "$here/bucket.lua" | redis-cli -p "$port" -x SCRIPT LOAD)
+
+# ARGV as the store passes them for token_bucket, 100 events per second,
+# cost 1: op, now (-1: the server's clock), TTL slack, inc(cost) = Unit,
+# Tau, Unit, max delay.
+key='tollgate:{5:bench:client-__rand_int__}:tb'
+args=(t -1 0 10000 1000000 10000 0)
+redis-cli -p "$port" EVALSHA "$sha" 1 "${key/__rand_int__/check}" "${args[@]}" >/dev/null
+
+echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on 127.0.0.1:$port, EVALSHA $sha, $n requests per run"
+for c in 1 16 64; do
+	printf "clients=%-3s " "$c"
+	redis-benchmark -p "$port" -c "$c" -n "$n" -r 10000 -q EVALSHA "$sha" 1 "$key" "${args[@]}" |
+		tr '\r' '\n' | grep -o '[0-9.]* requests per second.*' | tail -1
+done

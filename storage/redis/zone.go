@@ -1,0 +1,147 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+// zone runs one zone's decisions, each as one script run on one Redis key.
+type zone struct {
+	store      *Store
+	name       string
+	limit      algorithms.Limit
+	script     *goredis.Script
+	head, tail string // a key's Redis key is head + key + tail
+	consts     []any  // the script's ARGV[5...]
+}
+
+var _ storage.Limiter = (*zone)(nil)
+
+var errReply = errors.New("unexpected script reply")
+
+// undoAll is the most an Undo gives back: more than any state holds (a
+// bucket's debt is at most Tau + MaxDelay < 2^51, a window's count at most
+// 2^40 * 1000), yet exact in Lua's doubles.
+const undoAll = int64(1) << 52
+
+// undoAmount is amount for an Undo of cost, which no Take bounded: as
+// Limit.Undo computes it while that fits, and everything for a cost so
+// large that it would overflow (where Limit.inc overflows too).
+func undoAmount(l *algorithms.Limit, cost int64) int64 {
+	cost = max(cost, 0)
+	switch l.Kind {
+	case algorithms.TokenBucket, algorithms.LeakyBucket, algorithms.GCRA:
+		if l.Unit > 0 && cost > undoAll/l.Unit*algorithms.Milli {
+			return undoAll
+		}
+	default:
+		if cost > undoAll {
+			return undoAll
+		}
+	}
+	return amount(l, cost)
+}
+
+// serverClock is the now that has the scripts read the server's clock,
+// boxed once.
+var serverClock any = int64(-1)
+
+// Take decides one request of cost milli-units for key by the Redis
+// server's clock; now is ignored. A cost above the zone's capacity is
+// rejected with Wait algorithms.Never, as in package algorithms.
+func (z *zone) Take(ctx context.Context, key string, now, cost int64) (algorithms.Decision, error) {
+	op, x := opTake, amount(&z.limit, max(cost, 0))
+	if cost > z.limit.Capacity() {
+		op, x = opReject, 0
+	}
+	d, _, err := z.run(ctx, op, key, now, x)
+	if err != nil {
+		return algorithms.Decision{}, fmt.Errorf("redis store: take %q: %w", z.name, err)
+	}
+	return d, nil
+}
+
+// Undo gives back cost that an earlier Take for key admitted. A key that
+// has expired or been reset meanwhile has nothing to give back.
+func (z *zone) Undo(ctx context.Context, key string, now, cost int64) error {
+	if _, _, err := z.run(ctx, opUndo, key, now, undoAmount(&z.limit, cost)); err != nil {
+		return fmt.Errorf("redis store: undo %q: %w", z.name, err)
+	}
+	return nil
+}
+
+// Peek reports the decision one event for key would get, charging nothing
+// and writing nothing. ok is false for a key Redis does not hold (never
+// taken, expired or reset).
+func (z *zone) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
+	// One event is above the capacity only of a limit NewLimit refuses,
+	// but decide as Limit.Peek would even then.
+	over := algorithms.Milli > z.limit.Capacity()
+	x := amount(&z.limit, algorithms.Milli)
+	if over {
+		x = 0
+	}
+	d, ok, err := z.run(ctx, opPeek, key, now, x)
+	if err != nil {
+		return algorithms.Decision{}, false, fmt.Errorf("redis store: peek %q: %w", z.name, err)
+	}
+	if over {
+		d.Allowed, d.Wait, d.Delay = false, algorithms.Never, 0
+	}
+	return d, ok, nil
+}
+
+// Reset deletes key's state. ok is false for a key Redis did not hold.
+func (z *zone) Reset(ctx context.Context, key string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
+	}
+	n, err := z.store.client.Del(ctx, z.head+key+z.tail).Result()
+	if err != nil {
+		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
+	}
+	return n > 0, nil
+}
+
+// run runs the zone's script for op with ARGV[4] = x. ok is false when the
+// script reports a key that does not exist (peek only).
+func (z *zone) run(ctx context.Context, op, key string, now, x int64) (d algorithms.Decision, ok bool, err error) {
+	if z.script == nil {
+		return d, false, fmt.Errorf("unknown algorithm %s", z.limit.Kind)
+	}
+	if err := ctx.Err(); err != nil {
+		return d, false, err
+	}
+	var clock any = serverClock
+	if z.store.callerClock {
+		clock = now
+	}
+	args := make([]any, 0, 4+len(z.consts))
+	args = append(args, op, clock, z.store.ttlSlack, x)
+	args = append(args, z.consts...)
+	v, err := z.script.Run(ctx, z.store.client, []string{z.head + key + z.tail}, args...).Int64Slice()
+	if err != nil {
+		return d, false, err
+	}
+	switch {
+	case len(v) == 5:
+		return algorithms.Decision{
+			Allowed:   v[0] == 1,
+			Remaining: v[1],
+			Reset:     v[2],
+			Wait:      v[3],
+			Delay:     v[4],
+		}, true, nil
+	case len(v) == 0 && op == opPeek:
+		return d, false, nil
+	case len(v) == 0 && op == opUndo:
+		return d, true, nil
+	}
+	return d, false, fmt.Errorf("%w: %v", errReply, v)
+}
