@@ -29,6 +29,10 @@ func monotonicMicros() int64 {
 	return clockBaseMicros + time.Since(clockBase).Microseconds()
 }
 
+// clock is what handlers provisioned from now on read the time with; tests
+// replace it with a fake.
+var clock = monotonicMicros
+
 // result is one applied zone's decision for a request.
 type result struct {
 	z       *zone

@@ -73,7 +73,7 @@ type Handler struct {
 	backend Backend
 	mem     *MemoryStorage // the default backend and on_storage_error local's
 	logger  *zap.Logger
-	now     func() int64 // µs since the Unix epoch; monotonic in production
+	now     func() int64 // µs since the Unix epoch: clock, at provision
 	stop    chan struct{}
 }
 
@@ -94,9 +94,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets defaults, builds the zones and opens their limiters.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	if h.now == nil {
-		h.now = monotonicMicros
-	}
+	h.now = clock
 	var err error
 	if h.headers, err = parseHeaderModes(h.Headers); err != nil {
 		return err

@@ -1,0 +1,241 @@
+package tollgate
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
+)
+
+// redisSite is a site whose zones keep their state in the Redis at addr.
+func redisSite(addr, zones string) string {
+	return globalOptions + `
+	localhost:9080 {
+		rate_limit {
+` + zones + `
+			storage redis {
+				addresses ` + addr + `
+				timeout 100ms
+			}
+		}
+		respond "ok"
+	}`
+}
+
+func TestRedisStorageSharesStateAcrossHandlers(t *testing.T) {
+	srv := redistest.Start(t)
+	// Two routes, two handlers, one zone name and one Redis: one limit, as
+	// two Caddy instances behind a load balancer would share it.
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		route /a {
+			rate_limit {
+				zone shared {
+					key {http.request.header.X-Client}
+					rate 4/h
+				}
+				storage redis {
+					addresses `+srv.Addr+`
+				}
+			}
+			respond "a"
+		}
+		route /b {
+			rate_limit {
+				zone shared {
+					key {http.request.header.X-Client}
+					rate 4/h
+				}
+				storage redis {
+					addresses `+srv.Addr+`
+					pool_size 4
+				}
+			}
+			respond "b"
+		}
+	}`, "caddyfile")
+	statuses := ""
+	for i := 0; i < 6; i++ {
+		resp, _ := get(t, tester, []string{"/a", "/b"}[i%2], "X-Client: shared")
+		statuses += fmt.Sprint(resp.StatusCode, " ")
+	}
+	if want := "200 200 200 200 429 429 "; statuses != want {
+		t.Fatalf("statuses %q, want %q: the two handlers must share one limit", statuses, want)
+	}
+	keys, err := srv.Client().Keys(context.Background(), "tollgate:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("redis keys %v (%v), want one tollgate: key", keys, err)
+	}
+	ttl := srv.Client().PTTL(context.Background(), keys[0]).Val()
+	if ttl <= 0 || ttl > time.Hour {
+		t.Errorf("PTTL %s = %s, want a TTL of at most the refill time (1h)", keys[0], ttl)
+	}
+}
+
+func TestRedisOnStorageError(t *testing.T) {
+	srv := redistest.Start(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(redisSite(srv.Addr, `
+			zone fail_open {
+				match {
+					path /allow
+				}
+				key {http.request.header.X-Client}
+				rate 2/h
+			}
+			zone fail_closed {
+				match {
+					path /deny
+				}
+				key {http.request.header.X-Client}
+				rate 2/h
+				on_storage_error deny
+			}
+			zone fail_local {
+				match {
+					path /local
+				}
+				key {http.request.header.X-Client}
+				rate 2/h
+				on_storage_error local
+			}`), "caddyfile")
+
+	// Healthy: Redis decides.
+	resp, _ := get(t, tester, "/allow", "X-Client: up")
+	check(t, "healthy", resp, "", want{200, map[string]string{"RateLimit": `"fail_open";r=1;t=1800`}, ""})
+
+	srv.Stop()
+	for i := 0; i < 4; i++ {
+		// allow: fail open, the zone does not apply (no headers for it).
+		resp, body := get(t, tester, "/allow", "X-Client: down")
+		check(t, fmt.Sprintf("allow %d", i), resp, body, want{200, map[string]string{"RateLimit": ""}, "ok"})
+		// deny: 503 with Retry-After: 1.
+		resp, _ = get(t, tester, "/deny", "X-Client: down")
+		check(t, fmt.Sprintf("deny %d", i), resp, "", want{503, map[string]string{"Retry-After": "1"}, ""})
+	}
+	// local: the zone is enforced from this instance's memory.
+	statuses := ""
+	for i := 0; i < 3; i++ {
+		resp, _ := get(t, tester, "/local", "X-Client: down")
+		statuses += fmt.Sprint(resp.StatusCode, " ")
+	}
+	if want := "200 200 429 "; statuses != want {
+		t.Fatalf("local while Redis is down: %q, want %q", statuses, want)
+	}
+
+	// Redis comes back (empty: no persistence): decisions go back to it.
+	srv.Restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, _ := get(t, tester, "/local", "X-Client: back")
+		n, _ := srv.Client().DBSize(context.Background()).Result()
+		if resp.StatusCode == 200 && n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after restart: status %d, %d keys in Redis; want decisions back on Redis", resp.StatusCode, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestRedisSlowOrHungIsBoundedByTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(redisSite(srv.Addr, `
+			zone hung {
+				key {http.request.header.X-Client}
+				rate 100/h
+				on_storage_error local
+			}`), "caddyfile")
+	get(t, tester, "/", "X-Client: warm") // connect
+
+	before := runtime.NumGoroutine()
+	srv.Pause() // SIGSTOP: connections stay open, nothing answers
+	var wg sync.WaitGroup
+	var worst atomic.Int64
+	var errs atomic.Int64
+	for c := 0; c < 16; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5; i++ {
+				start := time.Now()
+				req, _ := http.NewRequest(http.MethodGet, base+"/", nil)
+				req.Header.Set("X-Client", "hung")
+				resp, err := tester.Client.Do(req)
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				resp.Body.Close()
+				if resp.StatusCode >= 500 {
+					errs.Add(1)
+				}
+				el := int64(time.Since(start))
+				for {
+					w := worst.Load()
+					if el <= w || worst.CompareAndSwap(w, el) {
+						break
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	srv.Resume()
+	if n := errs.Load(); n != 0 {
+		t.Errorf("%d requests failed or got a 5xx while Redis hung, want none", n)
+	}
+	// The timeout is 100ms; a request waits for at most one. The bound here
+	// is loose on purpose (shared CI machines): it catches a request that
+	// waits for Redis instead of the timeout, not a slow machine.
+	if w := time.Duration(worst.Load()); w > 3*time.Second {
+		t.Errorf("slowest request while Redis hung took %s, want it bounded by the 100ms timeout", w)
+	}
+	// Nothing leaks: the goroutines come back down once Redis answers.
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before+10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("goroutines: %d before the hang, %d after, want no leak", before, runtime.NumGoroutine())
+		}
+		get(t, tester, "/", "X-Client: after")
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestRedisValidation(t *testing.T) {
+	site := func(storage string) string {
+		return ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t\trate 5/s\n\t\t}\n\t\t" + storage + "\n\t}\n}\n"
+	}
+	for _, c := range []struct{ name, storage, want string }{
+		{"url and addresses", "storage redis {\n url redis://localhost:1/0\n addresses localhost:2\n}", "url and addresses: give one or the other"},
+		{"bad url keeps password secret", "storage redis {\n url http://user:hunter2@localhost:1/0\n}", `url "http://user:xxxxx@localhost:1/0"`},
+		{"bad address", "storage redis {\n addresses localhost\n}", `addresses: want host:port, got "localhost"`},
+		{"negative db", "storage redis {\n db -1\n}", "db: must not be negative, got -1"},
+		{"cluster db", "storage redis {\n addresses a:1 b:2\n db 3\n}", "db: a Redis Cluster has only database 0, got 3"},
+		{"negative timeout", "storage redis {\n timeout -1s\n}", "timeout: must not be negative"},
+		{"unknown option", "storage redis {\n flavour x\n}", "storage redis: unrecognized subdirective 'flavour'"},
+		{"option twice", "storage redis {\n db 1\n db 2\n}", "storage redis: option 'db' given twice"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := validate(site(c.storage))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("validate = %v, want an error containing %q", err, c.want)
+			}
+			if strings.Contains(fmt.Sprint(err), "hunter2") {
+				t.Fatalf("validate error %q reveals the password", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,420 @@
+package tollgate
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
+)
+
+func init() {
+	caddy.RegisterModule(RedisStorage{})
+}
+
+// RedisStorage keeps limiter state in Redis, shared exactly by every Caddy
+// instance that points at the same Redis: each decision is one Lua script
+// run atomically on the server and timed by the server's clock. One address
+// is a standalone Redis, several a Redis Cluster; SentinelMaster means
+// Sentinel, with Addresses the sentinels.
+type RedisStorage struct {
+	// URL is a redis:// or rediss:// URL, e.g. redis://user:pass@host:6379/0.
+	// Use it or Addresses, not both. Placeholders such as {env.REDIS_URL}
+	// are replaced.
+	URL string `json:"url,omitempty"`
+
+	// Addresses are host:port pairs: one for a standalone Redis, several
+	// for a Cluster, the sentinels with SentinelMaster. Default:
+	// localhost:6379.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// SentinelMaster is the name of the master to ask the sentinels for.
+	SentinelMaster string `json:"sentinel_master,omitempty"`
+
+	// Username for Redis ACLs. Placeholders are replaced.
+	Username string `json:"username,omitempty"`
+
+	// Password, e.g. {env.REDIS_PASSWORD}. Placeholders are replaced; the
+	// password is never logged.
+	Password string `json:"password,omitempty"`
+
+	// DB is the database number (standalone and Sentinel). Default: 0.
+	DB int `json:"db,omitempty"`
+
+	// TLS, if set, connects with TLS.
+	TLS *RedisTLS `json:"tls,omitempty"`
+
+	// KeyPrefix starts every key Tollgate writes. Default: "tollgate:".
+	KeyPrefix *string `json:"key_prefix,omitempty"`
+
+	// Timeout bounds one decision, connecting included; past it the zone's
+	// on_storage_error applies. Default: 100ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// PoolSize is the most connections per Redis node. Default: go-redis's,
+	// 10 per CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	client  *pooledRedis
+	poolKey string
+	timeout time.Duration
+	logger  *zap.Logger
+}
+
+// RedisTLS configures TLS to Redis.
+type RedisTLS struct {
+	// InsecureSkipVerify skips verifying the server's certificate.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (RedisStorage) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit.storage.redis",
+		New: func() caddy.Module { return new(RedisStorage) },
+	}
+}
+
+// DefaultRedisTimeout bounds one decision when Timeout is not set.
+const DefaultRedisTimeout = 100 * time.Millisecond
+
+// redisClients holds the clients across config reloads: one per distinct
+// set of connection settings, shared by every handler that uses them.
+var redisClients = caddy.NewUsagePool()
+
+// pooledRedis is a client in redisClients, with its health.
+type pooledRedis struct {
+	client goredis.UniversalClient
+	store  *redisstore.Store
+	health redisHealth
+}
+
+// Destruct closes the client when no configuration uses it any more.
+func (p *pooledRedis) Destruct() error { return p.client.Close() }
+
+// Provision resolves placeholders, checks the settings and gets the shared
+// client for them.
+func (r *RedisStorage) Provision(ctx caddy.Context) error {
+	r.logger = ctx.Logger()
+	opts, err := r.options()
+	if err != nil {
+		return err
+	}
+	r.timeout = time.Duration(r.Timeout)
+	if r.timeout == 0 {
+		r.timeout = DefaultRedisTimeout
+	}
+	prefix := redisstore.DefaultPrefix
+	if r.KeyPrefix != nil {
+		prefix = *r.KeyPrefix
+	}
+	opts.ContextTimeoutEnabled = true // the per-decision deadline is the context's
+	opts.ReadTimeout = r.timeout
+	opts.WriteTimeout = r.timeout
+	// No retries: a script whose reply was lost may have run, and running
+	// it again would charge the request twice.
+	opts.MaxRetries = -1
+
+	r.poolKey = redisPoolKey(opts, prefix)
+	v, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
+		c := goredis.NewUniversalClient(opts)
+		p := &pooledRedis{client: c, store: redisstore.New(c, prefix)}
+		p.health.logger = r.logger
+		return p, nil
+	})
+	if err != nil {
+		return fmt.Errorf("redis client: %w", err)
+	}
+	r.client = v.(*pooledRedis)
+	return nil
+}
+
+// options builds the client options from the fields, placeholders replaced.
+func (r *RedisStorage) options() (*goredis.UniversalOptions, error) {
+	repl := caddy.NewReplacer()
+	o := &goredis.UniversalOptions{
+		Username:   repl.ReplaceAll(r.Username, ""),
+		Password:   repl.ReplaceAll(r.Password, ""),
+		DB:         r.DB,
+		MasterName: r.SentinelMaster,
+		PoolSize:   r.PoolSize,
+	}
+	if r.DB < 0 {
+		return nil, fmt.Errorf("db: must not be negative, got %d", r.DB)
+	}
+	if r.PoolSize < 0 {
+		return nil, fmt.Errorf("pool_size: must not be negative, got %d", r.PoolSize)
+	}
+	if r.Timeout < 0 {
+		return nil, fmt.Errorf("timeout: must not be negative, got %s", time.Duration(r.Timeout))
+	}
+	for _, a := range r.Addresses {
+		a = repl.ReplaceAll(a, "")
+		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
+			return nil, fmt.Errorf("addresses: want host:port, got %q", a)
+		}
+		o.Addrs = append(o.Addrs, a)
+	}
+	if u := repl.ReplaceAll(r.URL, ""); u != "" {
+		if len(o.Addrs) > 0 {
+			return nil, fmt.Errorf("url and addresses: give one or the other")
+		}
+		parsed, err := goredis.ParseURL(u)
+		if err != nil {
+			return nil, fmt.Errorf("url %q: %v", redactURL(u), err)
+		}
+		o.Addrs = []string{parsed.Addr}
+		if o.Username == "" {
+			o.Username = parsed.Username
+		}
+		if o.Password == "" {
+			o.Password = parsed.Password
+		}
+		if r.DB == 0 {
+			o.DB = parsed.DB
+		}
+		o.TLSConfig = parsed.TLSConfig
+	}
+	if len(o.Addrs) == 0 {
+		o.Addrs = []string{"localhost:6379"}
+	}
+	if o.MasterName == "" && len(o.Addrs) > 1 && o.DB != 0 {
+		return nil, fmt.Errorf("db: a Redis Cluster has only database 0, got %d", o.DB)
+	}
+	if r.TLS != nil {
+		if o.TLSConfig == nil {
+			o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		o.TLSConfig.InsecureSkipVerify = r.TLS.InsecureSkipVerify
+	}
+	return o, nil
+}
+
+// redactURL hides a URL's password for error messages.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// redisPoolKey identifies a client by every setting that makes it
+// different, hashed so that the password is not kept in the clear.
+func redisPoolKey(o *goredis.UniversalOptions, prefix string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q|%q|%q|%d|%q|%d|%v|%q|%d", o.Addrs, o.Username, o.Password, o.DB, o.MasterName, o.PoolSize, o.TLSConfig != nil && o.TLSConfig.InsecureSkipVerify, prefix, o.ReadTimeout)
+	if o.TLSConfig != nil {
+		h.Write([]byte("|tls"))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Cleanup releases the shared client.
+func (r *RedisStorage) Cleanup() error {
+	if r.client != nil {
+		_, err := redisClients.Delete(r.poolKey)
+		r.client = nil
+		return err
+	}
+	return nil
+}
+
+// OpenLimiter returns the zone's limiter on Redis: every call bounded by
+// Timeout and short-circuited while Redis is known to be unreachable.
+func (r *RedisStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
+	if r.client == nil {
+		return nil, errors.New("redis storage is not provisioned")
+	}
+	return &redisLimiter{inner: r.client.store.Zone(z), timeout: r.timeout, health: &r.client.health}, nil
+}
+
+// errRedisDown is the error of a call made while Redis is known to be
+// unreachable: it fails at once, without waiting for a timeout.
+var errRedisDown = errors.New("redis unreachable: waiting to retry")
+
+// redisRetryEvery is how long after a failure Redis is tried again. Until
+// then calls fail at once; then one call at a time probes it.
+const redisRetryEvery = 250 * time.Millisecond
+
+// redisHealth is a circuit breaker shared by every zone on one client, so
+// that an outage costs each request nothing beyond the first timeout, and
+// is logged once when it starts and once when it ends.
+type redisHealth struct {
+	downSince atomic.Int64 // unix ns of the failure that opened the breaker; 0 when up
+	retryAt   atomic.Int64 // unix ns after which one call may probe
+	probing   atomic.Bool
+	logger    *zap.Logger
+}
+
+// admit reports whether a call may go to Redis now.
+func (h *redisHealth) admit() bool {
+	if h.downSince.Load() == 0 {
+		return true
+	}
+	if time.Now().UnixNano() < h.retryAt.Load() {
+		return false
+	}
+	return h.probing.CompareAndSwap(false, true) // one probe at a time
+}
+
+// observe records the outcome of a call that admit let through. A call
+// cancelled by its own client says nothing about Redis.
+func (h *redisHealth) observe(parent context.Context, err error) {
+	wasDown := h.downSince.Load() != 0
+	if wasDown {
+		defer h.probing.Store(false)
+	}
+	switch {
+	case err == nil:
+		if since := h.downSince.Swap(0); since != 0 {
+			h.logger.Info("redis reachable again: rate limits are shared again",
+				zap.Duration("outage", time.Since(time.Unix(0, since))))
+		}
+	case parent.Err() != nil:
+	default:
+		now := time.Now().UnixNano()
+		h.retryAt.Store(now + int64(redisRetryEvery))
+		if h.downSince.CompareAndSwap(0, now) {
+			h.logger.Error("redis unreachable: each zone's on_storage_error applies until it answers", zap.Error(err))
+		}
+	}
+}
+
+// redisLimiter bounds each call to a zone's Redis limiter by the timeout
+// and the breaker.
+type redisLimiter struct {
+	inner   storage.Limiter
+	timeout time.Duration
+	health  *redisHealth
+}
+
+func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (algorithms.Decision, error) {
+	if !l.health.admit() {
+		return algorithms.Decision{}, errRedisDown
+	}
+	c, cancel := context.WithTimeout(ctx, l.timeout)
+	d, err := l.inner.Take(c, key, now, cost)
+	cancel()
+	l.health.observe(ctx, err)
+	return d, err
+}
+
+func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64) error {
+	if !l.health.admit() {
+		return errRedisDown
+	}
+	c, cancel := context.WithTimeout(ctx, l.timeout)
+	err := l.inner.Undo(c, key, now, cost)
+	cancel()
+	l.health.observe(ctx, err)
+	return err
+}
+
+func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
+	c, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	return l.inner.Peek(c, key, now)
+}
+
+func (l *redisLimiter) Reset(ctx context.Context, key string) (bool, error) {
+	c, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	return l.inner.Reset(c, key)
+}
+
+// UnmarshalCaddyfile sets up the module from Caddyfile tokens. Syntax:
+//
+//	storage redis {
+//		url        redis://user:pass@host:6379/0   # or the fields below
+//		addresses  <host:port>...   # several: a Redis Cluster
+//		sentinel_master <name>      # with sentinel addresses
+//		username   <string>
+//		password   <string>         # placeholders such as {env.REDIS_PASSWORD}
+//		db         <n>
+//		tls        [insecure_skip_verify]
+//		key_prefix <string>         # default "tollgate:"
+//		timeout    <duration>       # per decision, default 100ms
+//		pool_size  <n>
+//	}
+func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // module name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("storage redis: option '%s' given twice", opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "url":
+			r.URL, err = stringArg(d)
+		case "addresses":
+			r.Addresses = d.RemainingArgs()
+			if len(r.Addresses) == 0 {
+				return d.ArgErr()
+			}
+		case "sentinel_master":
+			r.SentinelMaster, err = stringArg(d)
+		case "username":
+			r.Username, err = stringArg(d)
+		case "password":
+			r.Password, err = stringArg(d)
+		case "db":
+			var v int64
+			v, err = intArg(d)
+			r.DB = int(v)
+		case "tls":
+			r.TLS = new(RedisTLS)
+			for _, a := range d.RemainingArgs() {
+				if a != "insecure_skip_verify" {
+					return d.Errf("storage redis: tls: unknown option '%s'", a)
+				}
+				r.TLS.InsecureSkipVerify = true
+			}
+		case "key_prefix":
+			var p string
+			p, err = stringArg(d)
+			r.KeyPrefix = &p
+		case "timeout":
+			r.Timeout, err = durationArg(d)
+		case "pool_size":
+			var v int64
+			v, err = intArg(d)
+			r.PoolSize = int(v)
+		default:
+			return d.Errf("storage redis: unrecognized subdirective '%s'", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Interface guards.
+var (
+	_ Backend               = (*RedisStorage)(nil)
+	_ caddy.Provisioner     = (*RedisStorage)(nil)
+	_ caddy.CleanerUpper    = (*RedisStorage)(nil)
+	_ caddyfile.Unmarshaler = (*RedisStorage)(nil)
+	_ storage.Limiter       = (*redisLimiter)(nil)
+)
