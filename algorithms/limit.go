@@ -253,6 +253,7 @@ func (l *Limit) Peek(s *State, now, cost int64) Decision {
 }
 
 func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
+	cost = max(cost, 0) // a negative cost would credit the key
 	if cost > l.Capacity() {
 		d := l.decide(s, now, 0, false)
 		d.Allowed, d.Wait, d.Delay = false, Never, 0
@@ -277,6 +278,9 @@ func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
 // admitted, as when a later zone rejects the request or a delayed client
 // goes away. It never gives back more than was taken.
 func (l *Limit) Undo(s *State, now, cost int64) {
+	// Nothing admitted costs more than the capacity: clamping keeps
+	// cost*Unit from overflowing for any argument.
+	cost = min(max(cost, 0), l.Capacity())
 	switch l.Kind {
 	case TokenBucket, LeakyBucket:
 		l.bucketUndo(s, now, cost)

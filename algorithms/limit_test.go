@@ -445,3 +445,26 @@ func TestAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestUndoClampsCost: an Undo can give back at most the capacity, however
+// large its argument, and a negative cost neither credits nor charges.
+func TestUndoClampsCost(t *testing.T) {
+	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket, FixedWindow, SlidingWindow, SlidingLog} {
+		l, err := NewLimit(kind, 3, time.Hour, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := NewState(&l)
+		now := int64(1_000_000_000)
+		for i := 0; i < 3; i++ {
+			l.Take(&s, now, Milli)
+		}
+		l.Undo(&s, now, math.MaxInt64)
+		if d := l.Peek(&s, now, 0); d.Remaining != 3 || d.Reset != 0 {
+			t.Errorf("%s: after Undo(MaxInt64): Remaining %d, Reset %d; want 3, 0 (fresh, not overflowed)", kind, d.Remaining, d.Reset)
+		}
+		if d := l.Take(&s, now, -5*Milli); !d.Allowed || d.Remaining != 3 {
+			t.Errorf("%s: Take(-5): %+v, want allowed with 3 remaining (no credit)", kind, d)
+		}
+	}
+}

@@ -25,27 +25,10 @@ var _ storage.Limiter = (*zone)(nil)
 
 var errReply = errors.New("unexpected script reply")
 
-// undoAll is the most an Undo gives back: more than any state holds (a
-// bucket's debt is at most Tau + MaxDelay < 2^51, a window's count at most
-// 2^40 * 1000), yet exact in Lua's doubles.
-const undoAll = int64(1) << 52
-
-// undoAmount is amount for an Undo of cost, which no Take bounded: as
-// Limit.Undo computes it while that fits, and everything for a cost so
-// large that it would overflow (where Limit.inc overflows too).
+// undoAmount is amount for an Undo of cost, clamped as Limit.Undo clamps
+// it: nothing admitted costs more than the capacity.
 func undoAmount(l *algorithms.Limit, cost int64) int64 {
-	cost = max(cost, 0)
-	switch l.Kind {
-	case algorithms.TokenBucket, algorithms.LeakyBucket, algorithms.GCRA:
-		if l.Unit > 0 && cost > undoAll/l.Unit*algorithms.Milli {
-			return undoAll
-		}
-	default:
-		if cost > undoAll {
-			return undoAll
-		}
-	}
-	return amount(l, cost)
+	return amount(l, min(max(cost, 0), l.Capacity()))
 }
 
 // serverClock is the now that has the scripts read the server's clock,
