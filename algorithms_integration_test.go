@@ -269,3 +269,34 @@ func memoryStoreOf(t *testing.T, name string) *memory.Store {
 	}
 	return s
 }
+
+func TestSweeperForgetsFreshKeys(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone swept {
+				key {http.request.header.X-Client}
+				rate 10/m
+			}
+			sweep_interval 20ms
+		}
+		respond "ok"
+	}`, "caddyfile")
+	for i := 0; i < 5; i++ {
+		get(t, tester, "/", fmt.Sprintf("X-Client: s%d", i))
+	}
+	store := memoryStoreOf(t, "swept")
+	if n := store.Len(); n != 5 {
+		t.Fatalf("keys held: %d, want 5", n)
+	}
+	// Every bucket is full again a minute later: the sweeper forgets them.
+	advance(time.Minute)
+	deadline := time.Now().Add(5 * time.Second)
+	for store.Len() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("keys held a minute later: %d, want 0 (swept)", store.Len())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

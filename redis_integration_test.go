@@ -203,7 +203,15 @@ func TestRedisSlowOrHungIsBoundedByTimeout(t *testing.T) {
 	if w := time.Duration(worst.Load()); w > 3*time.Second {
 		t.Errorf("slowest request while Redis hung took %s, want it bounded by the 100ms timeout", w)
 	}
-	// Nothing leaks: the goroutines come back down once Redis answers.
+	// Nothing leaks: the connections stay within the pool, and the
+	// goroutines come back down once Redis answers.
+	redisClients.Range(func(_, v any) bool {
+		st := v.(*pooledRedis).client.PoolStats()
+		if max := uint32(10 * runtime.GOMAXPROCS(0)); st.TotalConns > max {
+			t.Errorf("redis connections: %d open, want at most the pool size %d", st.TotalConns, max)
+		}
+		return true
+	})
 	deadline := time.Now().Add(10 * time.Second)
 	for runtime.NumGoroutine() > before+10 {
 		if time.Now().After(deadline) {
