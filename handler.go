@@ -86,6 +86,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if !res.d.Allowed {
 			if z.dryRun {
 				h.logReject(r, &res, true)
+				h.emitExceeded(r, &res, true)
 				continue
 			}
 			h.undo(r.Context(), results[:len(results)-1], now)
@@ -111,7 +112,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // on_storage_error local, on this instance's memory when the store fails.
 func (h *Handler) decide(ctx context.Context, res *result, now int64) error {
 	z := res.z
+	start := z.metrics.start()
 	d, err := z.limiter.Take(ctx, res.key, now, res.cost)
+	z.metrics.decided(start, d.Allowed, err)
 	if err == nil {
 		res.d, res.limiter = d, z.limiter
 		return nil
@@ -158,6 +161,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		repl.Set("http.rate_limit.retry_after", "")
 	}
 	h.logReject(r, res, false)
+	h.emitExceeded(r, res, false)
 	return caddyhttp.Error(h.status, errRateLimited{zone: res.z.name})
 }
 
@@ -234,7 +238,14 @@ func (h *Handler) logReject(r *http.Request, res *result, dryRun bool) {
 	ce.Write(fields...)
 }
 
-// logStoreError logs a store failure at error level.
+// logStoreError logs a store failure at error level, at most one line per
+// zone per logThrottleInterval, with the count of failures not logged
+// since the last line: an outage of the store cannot flood the log.
 func (h *Handler) logStoreError(z *zone, err error) {
-	h.logger.Error("rate limit store failed", zap.String("zone", z.name), zap.Error(err))
+	suppressed, ok := z.errLog.allow(h.now(), logThrottleInterval)
+	if !ok {
+		return
+	}
+	h.logger.Error("rate limit store failed", zap.String("zone", z.name), zap.Error(err),
+		zap.Int64("suppressed", suppressed))
 }

@@ -51,24 +51,36 @@ func benchRequests(n int) []*http.Request {
 }
 
 // BenchmarkServeHTTP measures the handler's own overhead on the allowed
-// path: key resolution, the decision on the memory store, and the headers.
+// path: key resolution, the decision on the memory store, and the headers;
+// with metrics=on also the counters and the store latency histogram, which
+// must add no allocation.
 func BenchmarkServeHTTP(b *testing.B) {
 	cases := []struct {
-		name string
-		zone Zone
-		hdrs []string
+		name    string
+		zone    Zone
+		hdrs    []string
+		metrics bool
 	}{
-		{"key=client_ip/headers=ietf", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil},
-		{"key=client_ip/headers=none", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}},
-		{"key=header/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil},
-		{"key=header/cost=query/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Cost: "{http.request.uri.query.weight}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil},
+		{"key=client_ip/headers=ietf", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
+		{"key=client_ip/headers=ietf/metrics=on", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, true},
+		{"key=client_ip/headers=none", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}, false},
+		{"key=client_ip/headers=none/metrics=on", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}, true},
+		{"key=header/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
+		{"key=header/cost=query/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Cost: "{http.request.uri.query.weight}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
 	}
 	for _, c := range cases {
 		for _, keys := range []int{1, 100_000} {
 			b.Run(c.name+"/keys="+strconv.Itoa(keys), func(b *testing.B) {
 				z := c.zone
 				h := &Handler{RateLimits: map[string]*Zone{"bench": &z}, Headers: c.hdrs}
+				if c.metrics {
+					metricsEnabled = func(caddy.Context) bool { return true }
+					defer func() { metricsEnabled = httpMetricsEnabled }()
+				}
 				provisionBench(b, h)
+				if c.metrics && h.zones[0].metrics == nil {
+					b.Fatal("metrics=on: the zone has no metrics")
+				}
 				reqs := benchRequests(keys)
 				w := &nopWriter{h: make(http.Header)}
 				b.ReportAllocs()

@@ -75,6 +75,7 @@ type Handler struct {
 	logger  *zap.Logger
 	now     func() int64 // µs since the Unix epoch: clock, at provision
 	stop    chan struct{}
+	events  *emitter // nil when the configuration has no events app
 }
 
 // Backend is a storage module: it opens one limiter per zone. Modules in the
@@ -134,8 +135,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.zones = append(h.zones, z)
 	}
 
+	if err := h.provisionMetrics(ctx); err != nil {
+		return err
+	}
+	if err := h.provisionEvents(ctx); err != nil {
+		return err
+	}
+
 	h.stop = make(chan struct{})
-	go h.sweep(time.Duration(h.SweepInterval))
+	go h.sweep(time.Duration(h.SweepInterval), h.stop)
+	if h.events != nil {
+		go h.events.run(h.stop)
+	}
+	registerLive(h) // for the admin API and the store metrics
 	return nil
 }
 
@@ -157,12 +169,22 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup stops the sweeper and releases the zones' limiters. It is safe
+// Cleanup withdraws the zones from the admin API (and the series of zones
+// no configuration defines any more from the metrics), stops the sweeper
+// and the event emitter, and releases the zones' limiters. It is safe
 // after a failed Provision.
 func (h *Handler) Cleanup() error {
+	for _, name := range unregisterLive(h) {
+		forgetZoneMetrics(name)
+	}
 	if h.stop != nil {
-		close(h.stop)
-		h.stop = nil
+		// Closed without writing h: the events app reads a copy of *h
+		// (CaddyModule has a value receiver) while it emits our events.
+		select {
+		case <-h.stop:
+		default:
+			close(h.stop)
+		}
 	}
 	for _, z := range h.zones {
 		z.release()
@@ -198,15 +220,15 @@ func (h *Handler) zoneOrder() ([]string, error) {
 	return append(names, rest...), nil
 }
 
-// sweep forgets fresh keys from the memory stores every interval until
-// Cleanup.
-func (h *Handler) sweep(interval time.Duration) {
+// sweep forgets fresh keys from the memory stores every interval until stop
+// is closed (by Cleanup, which must not race with this goroutine reading a
+// field).
+func (h *Handler) sweep(interval time.Duration, stop <-chan struct{}) {
 	if interval == 0 {
 		interval = time.Minute
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	stop := h.stop
 	for {
 		select {
 		case <-stop:

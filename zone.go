@@ -131,6 +131,9 @@ type zone struct {
 	local   storage.Limiter // for on_storage_error local
 
 	policy string // this zone's RateLimit-Policy item, built once
+
+	metrics *zoneMetrics // nil when Caddy's metrics are off
+	errLog  logThrottle  // store failures log at most once per logThrottleInterval
 }
 
 func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {

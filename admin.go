@@ -1,0 +1,257 @@
+package tollgate
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// AdminAPI is the admin API module admin.api.rate_limit. Caddy mounts it
+// on its admin endpoint (localhost:2019 by default):
+//
+//	GET    /rate_limit/zones                    the live zones and their key counts
+//	GET    /rate_limit/zones/<zone>/keys/<key>  one key's state
+//	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key: its next request finds a fresh state
+//
+// <key> is the resolved key, URL-path-escaped (a "/" in a key is %2F); an
+// IP address is grouped by the zone's ipv4_prefix/ipv6_prefix and a long
+// key hashed, as the handler does, so the client's IP or the raw header
+// value can be given as it is. Answers are JSON; an unknown zone or key is
+// a 404 with a JSON error.
+//
+// A zone name that several rate_limit handlers define is one zone to the
+// API: GET shows the key's state from the first store that holds it, and
+// DELETE resets it in every store of the zone. The list shows identical
+// definitions once, and each differing definition separately.
+type AdminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+const adminPrefix = "/rate_limit/"
+
+// Routes returns the routes of the rate-limit admin API.
+func (a *AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: adminPrefix, Handler: caddy.AdminHandlerFunc(a.serveHTTP)}}
+}
+
+func (a *AdminAPI) serveHTTP(w http.ResponseWriter, r *http.Request) error {
+	path := strings.TrimPrefix(r.URL.EscapedPath(), adminPrefix)
+	if path == "zones" {
+		if r.Method != http.MethodGet {
+			return methodNotAllowed(w, r, http.MethodGet)
+		}
+		return writeJSON(w, listZones())
+	}
+	rest, ok := strings.CutPrefix(path, "zones/")
+	if !ok {
+		return notFound("no such endpoint: %s", r.URL.Path)
+	}
+	rawZone, rawKey, ok := strings.Cut(rest, "/keys/")
+	if !ok {
+		return notFound("no such endpoint: %s (want /rate_limit/zones/<zone>/keys/<key>)", r.URL.Path)
+	}
+	name, err1 := url.PathUnescape(rawZone)
+	key, err2 := url.PathUnescape(rawKey)
+	if err1 != nil || err2 != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("bad escape in path %s", r.URL.EscapedPath())}
+	}
+	zs := zonesNamed(name)
+	if len(zs) == 0 {
+		return notFound("unknown zone %q", name)
+	}
+	switch r.Method {
+	case http.MethodGet:
+		return showKey(w, r, zs, key)
+	case http.MethodDelete:
+		return resetKey(w, r, zs, key)
+	default:
+		return methodNotAllowed(w, r, http.MethodGet, http.MethodDelete)
+	}
+}
+
+// zoneInfo is one zone in GET /rate_limit/zones.
+type zoneInfo struct {
+	Zone      string  `json:"zone"`
+	Algorithm string  `json:"algorithm"`
+	Events    int64   `json:"events"`
+	Window    float64 `json:"window"` // seconds
+	Burst     int64   `json:"burst"`
+	Storage   string  `json:"storage"`
+	DryRun    bool    `json:"dry_run"`
+	Keys      *int    `json:"keys"` // null for a store that keeps no count
+}
+
+// listZones describes the live zones, sorted by name. Zones with the same
+// name, limit, storage and dry_run are one entry, their distinct stores'
+// keys added up.
+func listZones() []zoneInfo {
+	type group struct {
+		spec    storage.Zone
+		backend string
+		dryRun  bool
+	}
+	var (
+		out     = []zoneInfo{}
+		groups  []group
+		members [][]liveZone
+	)
+	for _, lz := range liveZones() {
+		g := group{lz.z.spec, lz.backend, lz.z.dryRun}
+		i := 0
+		for i < len(groups) && groups[i] != g {
+			i++
+		}
+		if i == len(groups) {
+			groups = append(groups, g)
+			members = append(members, nil)
+		}
+		members[i] = append(members[i], lz)
+	}
+	for i, g := range groups {
+		l := g.spec.Limit
+		info := zoneInfo{
+			Zone:      g.spec.Name,
+			Algorithm: l.Kind.String(),
+			Events:    l.Events,
+			Window:    float64(l.Window) / microsPerSecond,
+			Burst:     l.Burst,
+			Storage:   g.backend,
+			DryRun:    g.dryRun,
+		}
+		if stores := distinctStores(nil, members[i]...); len(stores) > 0 {
+			n := 0
+			for _, s := range stores {
+				n += s.(keyCounter).Len()
+			}
+			info.Keys = &n
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+// zonesNamed returns the live zones called name with distinct limiters.
+func zonesNamed(name string) []liveZone {
+	var zs []liveZone
+next:
+	for _, lz := range liveZones() {
+		if lz.z.name != name {
+			continue
+		}
+		if reflect.TypeOf(lz.z.limiter).Comparable() {
+			for _, x := range zs {
+				if x.z.limiter == lz.z.limiter {
+					continue next
+				}
+			}
+		}
+		zs = append(zs, lz)
+	}
+	return zs
+}
+
+// storedKey is the key a zone stores for the resolved key: grouped by the
+// zone's IP prefixes and bounded, as zone.resolveKey does.
+func (z *zone) storedKey(key string) string {
+	if z.v4bits < 32 || z.v6bits < 128 {
+		key = maskIP(key, z.v4bits, z.v6bits)
+	}
+	return storage.BoundKey(key)
+}
+
+// keyState is one key's state in GET /rate_limit/zones/<zone>/keys/<key>,
+// as a request for one event would see it now.
+type keyState struct {
+	Zone      string  `json:"zone"`
+	Key       string  `json:"key"`       // as stored
+	Allowed   bool    `json:"allowed"`   // whether one more event would be admitted now
+	Remaining int64   `json:"remaining"` // whole events available now
+	Reset     float64 `json:"reset"`     // seconds until the quota is whole again
+	Wait      float64 `json:"wait"`      // seconds until one event would be admitted
+}
+
+func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) error {
+	for _, lz := range zs {
+		stored := lz.z.storedKey(key)
+		d, ok, err := lz.z.limiter.Peek(r.Context(), stored, lz.now())
+		if err != nil {
+			return storeUnavailable(lz.z.name, err)
+		}
+		if ok {
+			return writeJSON(w, keyState{
+				Zone:      lz.z.name,
+				Key:       stored,
+				Allowed:   d.Allowed,
+				Remaining: d.Remaining,
+				Reset:     float64(d.Reset) / microsPerSecond,
+				Wait:      float64(d.Wait) / microsPerSecond,
+			})
+		}
+	}
+	return notFound("zone %q holds no key %q", zs[0].z.name, key)
+}
+
+func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) error {
+	found := false
+	stored := ""
+	for _, lz := range zs {
+		stored = lz.z.storedKey(key)
+		ok, err := lz.z.limiter.Reset(r.Context(), stored)
+		if err != nil {
+			return storeUnavailable(lz.z.name, err)
+		}
+		found = found || ok
+		if lz.z.local != nil { // on_storage_error local's fallback state
+			if ok, err := lz.z.local.Reset(r.Context(), stored); err == nil && ok {
+				found = true
+			}
+		}
+	}
+	if !found {
+		return notFound("zone %q holds no key %q", zs[0].z.name, key)
+	}
+	return writeJSON(w, map[string]any{"zone": zs[0].z.name, "key": stored, "reset": true})
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func notFound(format string, args ...any) error {
+	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf(format, args...)}
+}
+
+func storeUnavailable(zone string, err error) error {
+	return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("zone %q: store unavailable: %w", zone, err)}
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string) error {
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
+	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+}
+
+// Interface guards.
+var (
+	_ caddy.Module      = (*AdminAPI)(nil)
+	_ caddy.AdminRouter = (*AdminAPI)(nil)
+)

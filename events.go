@@ -1,0 +1,130 @@
+package tollgate
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+)
+
+// eventExceeded is the Caddy event emitted on every rejection, and on
+// every would-be rejection of a dry-run zone.
+const eventExceeded = "rate_limit_exceeded"
+
+// eventQueueSize is how many events wait for the emitter before new ones
+// are dropped.
+const eventQueueSize = 1024
+
+// emitter hands rate_limit_exceeded events to the events app on a
+// goroutine of its own. The events app runs subscribers synchronously,
+// and a subscriber may be slow (an exec, a webhook): a rejection only
+// puts a small value on a bounded queue and never waits, and when the
+// queue is full the event is dropped and counted.
+type emitter struct {
+	app     *caddyevents.App
+	ctx     caddy.Context // the handler's: the event's origin module
+	queue   chan exceeded
+	dropped atomic.Int64
+	dropLog logThrottle
+	logger  *zap.Logger
+	now     func() int64
+}
+
+// exceeded is one rejection, as queued.
+type exceeded struct {
+	zone     string
+	wait     int64 // µs, or algorithms.Never
+	dryRun   bool
+	clientIP string
+	key      string // only with log_key
+}
+
+// provisionEvents finds the events app if the configuration has one (the
+// JSON apps.events, where subscriptions are configured, or an app another
+// module loaded). Without one, nothing could subscribe and no event is
+// emitted.
+func (h *Handler) provisionEvents(ctx caddy.Context) error {
+	app, err := ctx.AppIfConfigured("events")
+	if errors.Is(err, caddy.ErrNotConfigured) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("getting events app: %w", err)
+	}
+	events, ok := app.(*caddyevents.App)
+	if !ok {
+		return fmt.Errorf("getting events app: unexpected type %T", app)
+	}
+	h.events = &emitter{
+		app:    events,
+		ctx:    ctx,
+		queue:  make(chan exceeded, eventQueueSize),
+		logger: h.logger,
+		now:    h.now,
+	}
+	return nil
+}
+
+// emitExceeded queues the rate_limit_exceeded event for res's rejection
+// (dryRun: a dry-run zone's would-be rejection). It never blocks.
+func (h *Handler) emitExceeded(r *http.Request, res *result, dryRun bool) {
+	e := h.events
+	if e == nil {
+		return
+	}
+	ev := exceeded{zone: res.z.name, wait: res.d.Wait, dryRun: dryRun}
+	ev.clientIP, _ = caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+	if h.LogKey {
+		ev.key = res.key
+	}
+	select {
+	case e.queue <- ev:
+	default:
+		e.dropped.Add(1)
+	}
+}
+
+// run emits queued events until stop is closed.
+func (e *emitter) run(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case ev := <-e.queue:
+			e.app.Emit(e.ctx, eventExceeded, ev.data())
+			if n := e.dropped.Load(); n > 0 {
+				if _, ok := e.dropLog.allow(e.now(), logThrottleInterval); ok {
+					e.dropped.Add(-n)
+					e.logger.Warn("rate_limit_exceeded events dropped: event subscribers are too slow",
+						zap.Int64("dropped", n))
+				}
+			}
+		}
+	}
+}
+
+// data is the event's data: zone, wait in seconds (-1 for a request that
+// can never be admitted), dry_run, client_ip, and key only with log_key.
+func (ev *exceeded) data() map[string]any {
+	wait := -1.0
+	if ev.wait != algorithms.Never {
+		wait = float64(ev.wait) / microsPerSecond
+	}
+	d := map[string]any{
+		"zone":      ev.zone,
+		"wait":      wait,
+		"dry_run":   ev.dryRun,
+		"client_ip": ev.clientIP,
+	}
+	if ev.key != "" {
+		d["key"] = ev.key
+	}
+	return d
+}

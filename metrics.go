@@ -1,0 +1,191 @@
+package tollgate
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Tollgate's Prometheus metrics. Caddy gives every configuration a fresh
+// registry (caddy.Context.GetMetricsRegistry), so the collectors below are
+// created once per process and registered on the registry of each
+// configuration that has Caddy's metrics on: a counter keeps counting
+// across config reloads, as the memory store keeps its state, and no
+// reload registers a series twice or loses one. A zone's series are
+// deleted when no live configuration defines the zone any more (see
+// forgetZoneMetrics), so removed zones do not linger.
+//
+// No metric has a per-key label: keys are unbounded, zones are not.
+var rateLimitMetrics = struct {
+	requests     *prometheus.CounterVec
+	storeSeconds *prometheus.HistogramVec
+	stores       *storeCollector
+}{
+	requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "http",
+		Name:      "rate_limit_requests_total",
+		Help:      "Rate-limit decisions by zone and result: allowed, rejected, dry_run_rejected (a dry-run zone would have rejected), storage_error (the store failed).",
+	}, []string{"zone", "result"}),
+	storeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy",
+		Subsystem: "http",
+		Name:      "rate_limit_storage_seconds",
+		Help:      "Latency of rate-limit decisions on the store, by storage backend.",
+		// 1µs to about 4s by factors of 4: an in-memory decision takes
+		// about a microsecond, a Redis round trip about a millisecond.
+		Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
+	}, []string{"backend"}),
+	stores: &storeCollector{
+		keys: prometheus.NewDesc("caddy_http_rate_limit_keys",
+			"Keys held by the zone's memory store.", []string{"zone"}, nil),
+		evictions: prometheus.NewDesc("caddy_http_rate_limit_evictions_total",
+			"Keys the zone's memory store evicted to stay within max_keys.", []string{"zone"}, nil),
+	},
+}
+
+// Results of a zone's decision, the values of the result label.
+const (
+	resultAllowed        = "allowed"
+	resultRejected       = "rejected"
+	resultDryRunRejected = "dry_run_rejected"
+	resultStorageError   = "storage_error"
+)
+
+// zoneMetrics are one zone's series, resolved once at provision so that
+// the request path only adds to atomics: no label lookup, no lock, no
+// allocation.
+type zoneMetrics struct {
+	allowed      prometheus.Counter
+	rejected     prometheus.Counter // dry_run_rejected in a dry-run zone
+	storageError prometheus.Counter
+	storeSeconds prometheus.Observer
+}
+
+// metricsEnabled reports whether the configuration being provisioned has
+// Caddy's metrics on. Tests replace it.
+var metricsEnabled = httpMetricsEnabled
+
+// httpMetricsEnabled reports whether the HTTP app has metrics on: the
+// Caddyfile's `metrics` global option (or a server's deprecated `metrics`
+// option, which the app hoists) sets apps.http.metrics. Caddy stores an app
+// in the configuration before provisioning it, so that its modules can
+// look at it while they are provisioned: this finds the HTTP app that is
+// provisioning the handler, and never loads a second one.
+func httpMetricsEnabled(ctx caddy.Context) bool {
+	app, err := ctx.AppIfConfigured("http")
+	if err != nil {
+		return false
+	}
+	httpApp, ok := app.(*caddyhttp.App)
+	return ok && httpApp.Metrics != nil
+}
+
+// provisionMetrics registers the collectors on the configuration's
+// registry, if Caddy's metrics are on, and resolves each zone's series.
+func (h *Handler) provisionMetrics(ctx caddy.Context) error {
+	if !metricsEnabled(ctx) {
+		return nil
+	}
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return nil
+	}
+	m := &rateLimitMetrics
+	for _, c := range []prometheus.Collector{m.requests, m.storeSeconds, m.stores} {
+		if err := reg.Register(c); err != nil {
+			// Another handler of this configuration registered it.
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) || are.ExistingCollector != c {
+				return fmt.Errorf("registering metrics: %w", err)
+			}
+		}
+	}
+	seconds := m.storeSeconds.WithLabelValues(backendName(h.backend))
+	for _, z := range h.zones {
+		rejected := resultRejected
+		if z.dryRun {
+			rejected = resultDryRunRejected
+		}
+		z.metrics = &zoneMetrics{
+			allowed:      m.requests.WithLabelValues(z.name, resultAllowed),
+			rejected:     m.requests.WithLabelValues(z.name, rejected),
+			storageError: m.requests.WithLabelValues(z.name, resultStorageError),
+			storeSeconds: seconds,
+		}
+	}
+	return nil
+}
+
+// start returns when a store decision starts, on the monotonic clock, or
+// 0 when metrics are off (m is nil), which saves the clock read. It reads
+// only the monotonic clock (time.Since of a time with a monotonic
+// reading), cheaper than time.Now, which reads the wall clock as well.
+func (m *zoneMetrics) start() time.Duration {
+	if m == nil {
+		return 0
+	}
+	return time.Since(clockBase)
+}
+
+// decided records a store decision that started at start: its latency,
+// and the zone's result. A store error counts as storage_error whatever
+// on_storage_error then decides.
+func (m *zoneMetrics) decided(start time.Duration, allowed bool, err error) {
+	if m == nil {
+		return
+	}
+	m.storeSeconds.Observe((time.Since(clockBase) - start).Seconds())
+	switch {
+	case err != nil:
+		m.storageError.Inc()
+	case allowed:
+		m.allowed.Inc()
+	default:
+		m.rejected.Inc()
+	}
+}
+
+// forgetZoneMetrics deletes the series of a zone that no live
+// configuration defines any more.
+func forgetZoneMetrics(zone string) {
+	rateLimitMetrics.requests.DeletePartialMatch(prometheus.Labels{"zone": zone})
+}
+
+// backendName is the storage backend's module name ("memory", "redis"),
+// the backend label of the storage latency histogram.
+func backendName(b Backend) string {
+	if m, ok := b.(caddy.Module); ok {
+		return m.CaddyModule().ID.Name()
+	}
+	return fmt.Sprintf("%T", b)
+}
+
+// storeCollector reports the key count and evictions of the live zones'
+// memory stores, read from the stores when Prometheus scrapes. A zone name
+// that several live handlers define is reported once, adding up its
+// distinct stores; stores that keep no count (Redis) are not reported.
+type storeCollector struct {
+	keys, evictions *prometheus.Desc
+}
+
+// Describe implements prometheus.Collector.
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.keys
+	ch <- c.evictions
+}
+
+// Collect implements prometheus.Collector.
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range liveStoreCounts() {
+		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(s.keys), s.zone)
+		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(s.evictions), s.zone)
+	}
+}
+
+// Interface guard.
+var _ prometheus.Collector = (*storeCollector)(nil)
