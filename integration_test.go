@@ -66,6 +66,18 @@ func get(t *testing.T, tester *caddytest.Tester, path string, headers ...string)
 	return resp, string(body)
 }
 
+// statuses sends n GETs, cycling through paths, and returns their status
+// codes as "200 200 429 ".
+func statuses(t *testing.T, tester *caddytest.Tester, n int, paths []string, headers ...string) string {
+	t.Helper()
+	out := ""
+	for i := 0; i < n; i++ {
+		resp, _ := get(t, tester, paths[i%len(paths)], headers...)
+		out += fmt.Sprint(resp.StatusCode, " ")
+	}
+	return out
+}
+
 // want is an expected response: status and exact header values ("" means
 // the header must be absent).
 type want struct {

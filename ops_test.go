@@ -303,15 +303,11 @@ func TestDryRunZoneBesideAnEnforcingOne(t *testing.T) {
 		}
 		respond "ok"
 	}`, "caddyfile")
-	statuses := ""
-	for i := 0; i < 4; i++ {
-		resp, _ := get(t, tester, "/", "X-Client: both")
-		statuses += fmt.Sprint(resp.StatusCode, " ")
-	}
+	got := statuses(t, tester, 4, []string{"/"}, "X-Client: both")
 	// The dry-run zone would reject from the second request on; only the
 	// enforcing zone's limit of 3 applies.
-	if want := "200 200 200 429 "; statuses != want {
-		t.Errorf("statuses %q, want %q", statuses, want)
+	if want := "200 200 200 429 "; got != want {
+		t.Errorf("statuses %q, want %q", got, want)
 	}
 }
 

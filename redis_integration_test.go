@@ -64,13 +64,8 @@ func TestRedisStorageSharesStateAcrossHandlers(t *testing.T) {
 			respond "b"
 		}
 	}`, "caddyfile")
-	statuses := ""
-	for i := 0; i < 6; i++ {
-		resp, _ := get(t, tester, []string{"/a", "/b"}[i%2], "X-Client: shared")
-		statuses += fmt.Sprint(resp.StatusCode, " ")
-	}
-	if want := "200 200 200 200 429 429 "; statuses != want {
-		t.Fatalf("statuses %q, want %q: the two handlers must share one limit", statuses, want)
+	if got, want := statuses(t, tester, 6, []string{"/a", "/b"}, "X-Client: shared"), "200 200 200 200 429 429 "; got != want {
+		t.Fatalf("statuses %q, want %q: the two handlers must share one limit", got, want)
 	}
 	keys, err := srv.Client().Keys(context.Background(), "tollgate:*").Result()
 	if err != nil || len(keys) != 1 {
@@ -124,13 +119,8 @@ func TestRedisOnStorageError(t *testing.T) {
 		check(t, fmt.Sprintf("deny %d", i), resp, "", want{503, map[string]string{"Retry-After": "1"}, ""})
 	}
 	// local: the zone is enforced from this instance's memory.
-	statuses := ""
-	for i := 0; i < 3; i++ {
-		resp, _ := get(t, tester, "/local", "X-Client: down")
-		statuses += fmt.Sprint(resp.StatusCode, " ")
-	}
-	if want := "200 200 429 "; statuses != want {
-		t.Fatalf("local while Redis is down: %q, want %q", statuses, want)
+	if got, want := statuses(t, tester, 3, []string{"/local"}, "X-Client: down"), "200 200 429 "; got != want {
+		t.Fatalf("local while Redis is down: %q, want %q", got, want)
 	}
 
 	// Redis comes back (empty: no persistence): decisions go back to it.
