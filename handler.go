@@ -51,8 +51,9 @@ func (r *result) charged() bool { return r.d.Allowed && r.cost > 0 }
 const inlineZones = 8
 
 // ServeHTTP decides the request against every zone that applies, in order.
-// The request goes on only if every zone admits it; otherwise what earlier
-// zones took is given back and the request is rejected.
+// The request goes on only if every zone admits it; a rejected request is
+// charged in no zone: a store that can decides all zones in one atomic step
+// (Redis: one script), otherwise what earlier zones took is given back.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
@@ -71,29 +72,80 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		res := result{z: z, key: z.resolveKey(r, repl), cost: z.resolveCost(repl)}
+		results = append(results, result{z: z, key: z.resolveKey(r, repl), cost: z.resolveCost(repl)})
+	}
+	if len(results) == 0 {
+		return next.ServeHTTP(w, r)
+	}
+	if len(results) > 1 && h.multi != nil {
+		if rejected, err := h.decideAll(r, results, now); err == nil {
+			if rejected >= 0 {
+				return h.reject(w, r, repl, results[:rejected+1], now)
+			}
+			return h.admit(w, r, next, results, now)
+		}
+		// The store failed; nothing was charged. Decide zone by zone, so
+		// that each zone's on_storage_error applies.
+	}
+	return h.decideEach(w, r, repl, next, results, now)
+}
+
+// decideAll decides every applied zone at once, on a store that can do so
+// atomically (multiBackend), and returns the index of the rejecting zone,
+// or -1. Nothing is charged when a zone rejects or err is not nil.
+func (h *Handler) decideAll(r *http.Request, results []result, now int64) (int, error) {
+	start := results[0].z.metrics.start()
+	rejected, err := h.multi.takeAll(r.Context(), now, results)
+	if err != nil {
+		h.logStoreError(results[0].z, err)
+		return -1, err
+	}
+	for i := range results {
+		res := &results[i]
+		res.z.metrics.decided(start, res.d.Allowed, nil)
+		if !res.d.Allowed && res.z.dryRun {
+			h.logReject(r, res, true)
+			h.emitExceeded(r, res, true)
+		}
+	}
+	return rejected, nil
+}
+
+// decideEach decides the applied zones one by one, in order. A zone whose
+// store fails applies its on_storage_error; when a zone rejects, what the
+// earlier zones took is given back and the request is rejected.
+func (h *Handler) decideEach(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, results []result, now int64) error {
+	n := 0 // results[:n] are the zones decided so far
+	for i := range results {
+		res := results[i]
+		z := res.z
 		if err := h.decide(r.Context(), &res, now); err != nil {
-			switch z.onError {
-			case failDeny:
-				h.undo(r.Context(), results, now)
+			if z.onError == failDeny {
+				h.undo(r.Context(), results[:n], now)
 				w.Header().Set("Retry-After", "1")
 				return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("rate_limit zone %s: store unavailable: %w", z.name, err))
-			default: // allow: this zone does not apply
-				continue
 			}
+			continue // allow: this zone does not apply
 		}
-		results = append(results, res)
+		results[n] = res
+		n++
 		if !res.d.Allowed {
 			if z.dryRun {
 				h.logReject(r, &res, true)
 				h.emitExceeded(r, &res, true)
 				continue
 			}
-			h.undo(r.Context(), results[:len(results)-1], now)
-			return h.reject(w, r, repl, results, now)
+			h.undo(r.Context(), results[:n-1], now)
+			return h.reject(w, r, repl, results[:n], now)
 		}
 	}
+	return h.admit(w, r, next, results[:n], now)
+}
 
+// admit sends an admitted request on, with its headers, after the longest
+// shaping delay of its zones. A client that goes away while delayed gives
+// its place back.
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, results []result, now int64) error {
 	h.writeHeaders(w.Header(), results, -1, -1, now)
 	if delay := maxDelay(results); delay > 0 {
 		t := time.NewTimer(time.Duration(delay) * time.Microsecond)

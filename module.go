@@ -5,6 +5,7 @@
 package tollgate
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -72,6 +73,7 @@ type Handler struct {
 	status  int
 	backend Backend
 	mem     *MemoryStorage // the default backend and on_storage_error local's
+	multi   multiBackend   // the backend, if it decides several zones atomically
 	logger  *zap.Logger
 	now     func() int64 // µs since the Unix epoch: clock, at provision
 	stop    chan struct{}
@@ -82,6 +84,14 @@ type Handler struct {
 // http.handlers.rate_limit.storage namespace implement it.
 type Backend interface {
 	OpenLimiter(z storage.Zone) (storage.Limiter, error)
+}
+
+// multiBackend is a Backend that decides all of a request's zones as one
+// step: every zone is charged if every non-dry-run zone admits the
+// request, none otherwise. It fills each result's decision and limiter and
+// returns the index of the first rejecting zone, or -1.
+type multiBackend interface {
+	takeAll(ctx context.Context, now int64, results []result) (rejected int, err error)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -119,6 +129,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("storage: module %T is not a rate_limit storage backend", mod)
 		}
 		h.backend = b
+		h.multi, _ = b.(multiBackend)
 	} else {
 		h.backend = h.mem
 	}

@@ -237,3 +237,45 @@ func TestRedisValidation(t *testing.T) {
 		})
 	}
 }
+
+// TestRedisMultiZoneOneScript: with two zones on one Redis, a request is
+// decided by one script, all or nothing. On a rejection the wide zone was
+// only checked, never charged, so its RateLimit item shows the quota it
+// really has (r=4); deciding zone by zone would show it charged (r=3)
+// before the give-back.
+func TestRedisMultiZoneOneScript(t *testing.T) {
+	srv := redistest.Start(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(redisSite(srv.Addr, `
+			zone multi_wide {
+				key {http.request.header.X-Client}
+				rate 5/h
+			}
+			zone multi_narrow {
+				match {
+					path /narrow/*
+				}
+				key {http.request.header.X-Client}
+				rate 1/h
+			}`), "caddyfile")
+
+	resp, _ := get(t, tester, "/narrow/a", "X-Client: m")
+	check(t, "first", resp, "", want{200, map[string]string{"RateLimit": `"multi_wide";r=4;t=720, "multi_narrow";r=0;t=3600`}, ""})
+	for i := 0; i < 3; i++ {
+		resp, _ := get(t, tester, "/narrow/a", "X-Client: m")
+		if resp.StatusCode != 429 {
+			t.Fatalf("narrow %d: status %d, want 429", i, resp.StatusCode)
+		}
+		if got := resp.Header.Get("RateLimit"); !strings.HasPrefix(got, `"multi_wide";r=4;`) || !strings.Contains(got, `"multi_narrow";r=0;t=`) {
+			t.Fatalf("narrow %d: RateLimit %q, want the wide zone uncharged (r=4) beside the rejecting narrow zone", i, got)
+		}
+	}
+	resp, _ = get(t, tester, "/other", "X-Client: m")
+	if got := resp.Header.Get("RateLimit"); resp.StatusCode != 200 || !strings.HasPrefix(got, `"multi_wide";r=3;`) {
+		t.Fatalf("wide after rejections: %d %q, want 200 with r=3 (the rejected requests charged nothing)", resp.StatusCode, got)
+	}
+	// Redis down: each zone's on_storage_error (allow) applies, zone by zone.
+	srv.Stop()
+	resp, _ = get(t, tester, "/narrow/a", "X-Client: m")
+	check(t, "redis down", resp, "", want{200, map[string]string{"RateLimit": ""}, ""})
+}

@@ -337,6 +337,38 @@ func (l *redisLimiter) Reset(ctx context.Context, key string) (bool, error) {
 	return l.inner.Reset(c, key)
 }
 
+// takeAll decides all of a request's zones at once with the store's
+// TakeAll: one atomic script where the zones' keys can share one (always
+// on a standalone or Sentinel Redis; on a Cluster when they hash to one
+// slot). It goes through the same breaker and timeout as a single Take.
+func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result) (int, error) {
+	h := &r.client.health
+	if !h.admit() {
+		return -1, errRedisDown
+	}
+	var buf [inlineZones]redisstore.Request
+	reqs := buf[:0]
+	for i := range results {
+		res := &results[i]
+		lim, ok := res.z.limiter.(*redisLimiter)
+		if !ok {
+			return -1, fmt.Errorf("zone %s is not on this Redis storage", res.z.name)
+		}
+		reqs = append(reqs, redisstore.Request{Zone: lim.inner, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun})
+	}
+	c, cancel := context.WithTimeout(ctx, r.timeout)
+	ds, rejected, err := r.client.store.TakeAll(c, now, reqs)
+	cancel()
+	h.observe(ctx, err)
+	if err != nil {
+		return -1, err
+	}
+	for i := range results {
+		results[i].d, results[i].limiter = ds[i], results[i].z.limiter
+	}
+	return rejected, nil
+}
+
 // UnmarshalCaddyfile sets up the module from Caddyfile tokens. Syntax:
 //
 //	storage redis {
@@ -413,6 +445,7 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // Interface guards.
 var (
 	_ Backend               = (*RedisStorage)(nil)
+	_ multiBackend          = (*RedisStorage)(nil)
 	_ caddy.Provisioner     = (*RedisStorage)(nil)
 	_ caddy.CleanerUpper    = (*RedisStorage)(nil)
 	_ caddyfile.Unmarshaler = (*RedisStorage)(nil)

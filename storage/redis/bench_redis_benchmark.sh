@@ -2,9 +2,10 @@
 # bench_redis_benchmark.sh measures the token-bucket script with
 # redis-benchmark, the ceiling BenchmarkRedisTake can be compared with: it
 # starts its own redis-server on a free loopback port (never an existing
-# one), loads common.lua + bucket.lua with SCRIPT LOAD, and runs EVALSHA
-# from 1, 16 and 64 clients without pipelining over 10,000 keys, with the
-# arguments the Go store passes for 100 events per second.
+# one), loads common.lua + bucket.lua + single.lua (the script the Go store
+# runs for token_bucket) with SCRIPT LOAD, and runs EVALSHA from 1, 16 and
+# 64 clients without pipelining over 10,000 keys, with the arguments the Go
+# store passes for 100 events per second.
 #
 # Usage: storage/redis/bench_redis_benchmark.sh [requests per run, default 100000]
 set -euo pipefail
@@ -47,14 +48,15 @@ done
 [ -n "$pid" ] || { echo "could not start redis-server" >&2; exit 1; }
 
 # -x sends stdin byte for byte, so that the SHA is the one the Go store uses.
-sha=$(cat "$here/common.lua" "$here/bucket.lua" | redis-cli -p "$port" -x SCRIPT LOAD)
+sha=$(cat "$here/common.lua" "$here/bucket.lua" "$here/single.lua" | redis-cli -p "$port" -x SCRIPT LOAD)
 
 # ARGV as the store passes them for token_bucket, 100 events per second,
 # cost 1: op, now (-1: the server's clock), TTL slack, inc(cost) = Unit,
-# Tau, Unit, max delay.
-key='tollgate:{5:bench:client-__rand_int__}:tb'
-args=(t -1 0 10000 1000000 10000 0)
-redis-cli -p "$port" EVALSHA "$sha" 1 "${key/__rand_int__/check}" "${args[@]}" >/dev/null
+# the algorithm's code, Tau, Unit, max delay. redis-benchmark replaces
+# __rand_int__ with 12 digits, so the resolved key is 19 bytes long.
+key='tollgate:{19:client-__rand_int__}5:bench:tb'
+args=(t -1 0 10000 tb 1000000 10000 0)
+redis-cli -p "$port" EVALSHA "$sha" 1 "${key/__rand_int__/000000000000}" "${args[@]}" >/dev/null
 
 echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on 127.0.0.1:$port, EVALSHA $sha, $n requests per run"
 for c in 1 16 64; do

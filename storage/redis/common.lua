@@ -1,40 +1,56 @@
--- common.lua: the prologue of every Tollgate script; the Go code prepends
--- it to each algorithm's script. Each script decides for one key, KEYS[1],
--- and is the Lua twin of its Go algorithm in package algorithms: the Go side
--- passes every derived constant, so that the Lua only adds, compares and
--- divides integers below 2^53, which doubles hold exactly.
+-- common.lua: the start of every Tollgate script. The Go code builds each
+-- script from this file, the files of the algorithms it runs (each defines
+-- one decision function and registers it in algs) and a main part:
+-- single.lua (one key, one algorithm) or multi.lua (several zones' keys
+-- decided as one request). Each decision function is the Lua twin of its
+-- Go algorithm in package algorithms: the Go side passes every derived
+-- constant, so that the Lua only adds, compares and divides integers below
+-- 2^53, which doubles hold exactly.
 --
--- ARGV[1] op:    't' take, 'r' reject (cost above capacity: decide for
---                cost 0, charge nothing), 'p' peek (read only), 'u' undo
--- ARGV[2] now:   µs since the Unix epoch; negative means the server's
---                clock (production always passes -1)
--- ARGV[3] slack: ms added to every TTL (0 in production; tests add some so
---                that keys outlive a clock that tests hold still)
--- ARGV[4] x:     the request's cost as the algorithm counts it
--- ARGV[5...]:    the algorithm's constants
+-- A decision function is called as f(key, op, now, x, c1, c2, c3):
 --
--- A script returns {allowed, remaining, reset, wait, delay} as integers,
--- or {} for a peek at a key that does not exist.
+-- op:  't' take; 'r' reject (cost above capacity: decide for cost 0,
+--      charge nothing, report Wait -1); 'p' peek (read only; nil for a
+--      key that does not exist); 'c' check (read only, as a take would
+--      decide; a key that does not exist is fresh); 'n' check a cost
+--      above capacity (as 'r', read only); 'u' undo (returns nil)
+-- now: µs since the Unix epoch, as the script read it
+-- x:   the request's cost as the algorithm counts it
+-- c1, c2, c3: the algorithm's constants (unused ones are 0)
+--
+-- and returns {allowed, remaining, reset, wait, delay} as integers. Only
+-- 't', 'r' and 'u' write.
 
 -- Redis before 5 replicated scripts verbatim and refused writes after TIME.
 if redis.replicate_commands then
 	redis.replicate_commands()
 end
 
-local key = KEYS[1]
-local op = ARGV[1]
-local now = tonumber(ARGV[2])
-if now < 0 then
-	local t = redis.call('TIME')
-	now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- algs maps an algorithm's code (tb gc sw sl fw lb, as in the Redis keys)
+-- to its decision function.
+local algs = {}
+
+-- slack is ms added to every TTL (0 in production; tests add some so that
+-- keys outlive a clock that tests hold still). The main part sets it.
+local slack = 0
+
+-- clock returns the now argument as a number, or, when it is negative
+-- (production always passes -1), the server's clock in µs.
+local function clock(arg)
+	local now = tonumber(arg)
+	if now < 0 then
+		local t = redis.call('TIME')
+		now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+	end
+	return now
 end
--- raw is the clock reading before an algorithm holds it at the stored time
--- (a clock that ran backwards); TTLs run on the raw clock.
-local raw = now
-local slack = tonumber(ARGV[3])
-local x = tonumber(ARGV[4])
-local commit = op == 't'
-local write = op ~= 'p'
+
+-- mode returns what op does: whether it charges an admitted request,
+-- whether it writes the state back, and whether it reports a cost above
+-- the capacity.
+local function mode(op)
+	return op == 't', op == 't' or op == 'r', op == 'r' or op == 'n'
+end
 
 -- quo returns a / b truncated toward zero, as Go's integer division does,
 -- exactly for |a| < 2^53 and b > 0 (the floor of a rounded quotient is
@@ -71,19 +87,21 @@ local function int(n)
 end
 
 -- ttl is the key's time to live in ms for a state that is fresh again in
--- reset µs on the (possibly held) clock: rounded up, never shorter. A fresh
--- state gets 0, so that production deletes it.
-local function ttl(reset)
+-- reset µs on a clock that the algorithm holds held µs ahead of the
+-- script's reading (a clock that ran backwards; TTLs run on the real
+-- clock): rounded up, never shorter. A fresh state gets 0, so that
+-- production deletes it.
+local function ttl(reset, held)
 	if reset <= 0 then
 		return slack
 	end
-	return quo(reset + now - raw + 999, 1000) + slack
+	return quo(reset + held + 999, 1000) + slack
 end
 
 -- save writes a hash state that is fresh again in reset µs, or deletes the
 -- key when it is fresh already.
-local function save(reset, ...)
-	local ms = ttl(reset)
+local function save(key, reset, held, ...)
+	local ms = ttl(reset, held)
 	if ms <= 0 then
 		redis.call('DEL', key)
 		return
@@ -94,8 +112,9 @@ end
 
 -- roll brings a window state up to date with now, as Limit.roll does:
 -- windows are aligned to multiples of w since the epoch, and a clock that
--- ran backwards counts as no time elapsed.
-local function roll(at, level, prev, w)
+-- ran backwards counts as no time elapsed. It returns the (possibly held)
+-- now and the new state.
+local function roll(now, at, level, prev, w)
 	if now < at then
 		now = at
 	end
@@ -109,6 +128,5 @@ local function roll(at, level, prev, w)
 		level = 0
 		at = start
 	end
-	return at, level, prev
+	return now, at, level, prev
 end
-

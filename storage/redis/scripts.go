@@ -22,51 +22,75 @@ var (
 	slidingWindowLua string
 	//go:embed sliding_log.lua
 	slidingLogLua string
+	//go:embed single.lua
+	singleLua string
+	//go:embed multi.lua
+	multiLua string
 )
 
-// scripts holds each algorithm's script, the shared prologue first. The
-// script of an unknown kind is nil; Zone then fails every call.
+// scripts holds each algorithm's one-key script: common.lua, the
+// algorithm's file and single.lua. The script of an unknown kind is nil;
+// Zone then fails every call.
 var scripts = func() map[algorithms.Kind]*goredis.Script {
-	bucket := goredis.NewScript(commonLua + bucketLua)
+	one := func(alg string) *goredis.Script {
+		return goredis.NewScript(commonLua + alg + singleLua)
+	}
+	bucket := one(bucketLua)
 	return map[algorithms.Kind]*goredis.Script{
 		algorithms.TokenBucket:   bucket,
 		algorithms.LeakyBucket:   bucket,
-		algorithms.GCRA:          goredis.NewScript(commonLua + gcraLua),
-		algorithms.FixedWindow:   goredis.NewScript(commonLua + fixedWindowLua),
-		algorithms.SlidingWindow: goredis.NewScript(commonLua + slidingWindowLua),
-		algorithms.SlidingLog:    goredis.NewScript(commonLua + slidingLogLua),
+		algorithms.GCRA:          one(gcraLua),
+		algorithms.FixedWindow:   one(fixedWindowLua),
+		algorithms.SlidingWindow: one(slidingWindowLua),
+		algorithms.SlidingLog:    one(slidingLogLua),
 	}
 }()
 
-// The ops of ARGV[1]; see common.lua.
+// multiScript decides one request against several zones' keys in one slot
+// (TakeAll): common.lua, every algorithm's file and multi.lua.
+var multiScript = goredis.NewScript(commonLua + bucketLua + gcraLua +
+	fixedWindowLua + slidingWindowLua + slidingLogLua + multiLua)
+
+// The ops of a decision function; see common.lua.
 const (
-	opTake   = "t"
-	opReject = "r"
-	opPeek   = "p"
-	opUndo   = "u"
+	opTake       = "t"
+	opReject     = "r"
+	opPeek       = "p"
+	opUndo       = "u"
+	opCheck      = "c"
+	opCheckNever = "n"
 )
 
-// constants returns a script's ARGV[5...] for l, formatted once per zone.
+// What multi.lua does with its keys (its ARGV[1]).
+const (
+	multiDecide = "d"
+	multiCheck  = "c"
+	multiUndo   = "u"
+)
+
+// constants returns the algorithm's code and its 3 constants, as the
+// scripts take them after x, formatted once per zone.
 func constants(l *algorithms.Limit) []any {
 	i := func(n int64) any { return strconv.FormatInt(n, 10) }
+	code := kindCode(l.Kind)
 	switch l.Kind {
 	case algorithms.TokenBucket:
-		return []any{i(l.Tau), i(l.Unit), i(0)}
+		return []any{code, i(l.Tau), i(l.Unit), i(0)}
 	case algorithms.LeakyBucket:
-		return []any{i(l.Tau), i(l.Unit), i(l.MaxDelay)}
+		return []any{code, i(l.Tau), i(l.Unit), i(l.MaxDelay)}
 	case algorithms.GCRA:
-		return []any{i(l.Tau), i(l.Unit)}
+		return []any{code, i(l.Tau), i(l.Unit), i(0)}
 	case algorithms.FixedWindow, algorithms.SlidingWindow:
-		return []any{i(l.Window), i(l.Events * algorithms.Milli)}
+		return []any{code, i(l.Window), i(l.Events * algorithms.Milli), i(0)}
 	case algorithms.SlidingLog:
-		return []any{i(l.Window), i(l.Events)}
+		return []any{code, i(l.Window), i(l.Events), i(0)}
 	}
 	return nil
 }
 
 // amount converts a cost in milli-units, 0 <= cost <= l.Capacity(), to what
-// l's script counts (ARGV[4]): for the bucket family the refill time of the
-// cost in µs, ceil(cost * Unit / 1000), as Limit.inc computes it; for
+// l's script counts (x): for the bucket family the refill time of the cost
+// in µs, ceil(cost * Unit / 1000), as Limit.inc computes it; for
 // sliding_log the whole events, ceil(cost / 1000); for the other windows
 // the cost itself.
 func amount(l *algorithms.Limit, cost int64) int64 {

@@ -3,19 +3,33 @@
 // timed by the server's clock, so that every Caddy instance that points at
 // the same Redis shares one exact limit.
 //
-// Each algorithm of package algorithms has a Lua twin in a .lua file next to
-// this one (common.lua is the prologue all of them share). The Go side
-// derives every constant a decision needs (the refill time of a cost, the
-// bucket capacity as time, the window, the limit in milli-units) and passes
-// it as an argument, so that the scripts only add and compare integers
-// below 2^53, which Lua's doubles hold exactly (the sliding window's weight
-// is a floating-point product in Go too, computed in the same order), and
+// Each algorithm of package algorithms has a Lua twin: a decision function
+// in a .lua file next to this one. A script is common.lua (helpers), the
+// decision functions it needs and a main part: single.lua runs one
+// function on one key (a Zone's Take, Undo and Peek); multi.lua decides one
+// request against several zones' keys (TakeAll). The Go side derives every
+// constant a decision needs (the refill time of a cost, the bucket capacity
+// as time, the window, the limit in milli-units) and passes it as an
+// argument, so that the scripts only add and compare integers below 2^53,
+// which Lua's doubles hold exactly (the sliding window's weight is a
+// floating-point product in Go too, computed in the same order), and
 // return the same Decision as the Go code, bit for bit; the tests check
 // this against a real redis-server.
 //
+// A request passes only if every zone that applies admits it, and a
+// rejected request is charged nowhere. TakeAll keeps that rule atomically
+// for the zones one script can reach: all of them on one server, those
+// whose keys share a Cluster slot on a Cluster. Key puts the resolved key
+// alone in the hash tag, so that zones keyed by the same identity (say,
+// the client IP) share a slot. Across slots TakeAll gives back what
+// earlier slots took when a later one rejects, which errs towards
+// rejecting and never admits more than a limit.
+//
 // Every write sets a TTL: the moment the state is fresh again, rounded up
 // to the millisecond, so that Redis forgets idle keys by itself. A state
-// that is fresh already is deleted instead of written.
+// that is fresh already is deleted instead of written. A check writes
+// nothing, so a request that several zones decide in one script and that
+// is rejected writes nothing at all.
 //
 // The package does not know Caddy; it needs only a go-redis client.
 package redis
@@ -51,6 +65,9 @@ type Client interface {
 type Store struct {
 	client Client
 	prefix string
+	// group is how TakeAll splits a request's keys into the groups that
+	// one script can decide together (see grouping).
+	group grouping
 
 	// Test hooks, set only by this package's tests. callerClock passes
 	// the caller's now to the scripts instead of -1 (the server's clock);
@@ -61,8 +78,21 @@ type Store struct {
 }
 
 // New returns a store that keeps its keys in Redis under prefix (see Key).
+//
+// TakeAll decides a request's zones in as few script runs as client
+// allows: a *goredis.Client talks to one server (standalone, or the
+// primary Sentinel names), so one script decides every zone; a
+// *goredis.ClusterClient runs one script per Cluster slot; any other
+// client (a Ring, a wrapper) one per hash tag, since a Ring shards by tag.
 func New(client Client, prefix string) *Store {
-	return &Store{client: client, prefix: prefix}
+	s := &Store{client: client, prefix: prefix, group: byTag}
+	switch client.(type) {
+	case *goredis.Client:
+		s.group = oneServer
+	case *goredis.ClusterClient:
+		s.group = bySlot
+	}
+	return s
 }
 
 // Zone returns the limiter for zone z. Instances share a key's state exactly
@@ -76,8 +106,7 @@ func (s *Store) Zone(z storage.Zone) storage.Limiter {
 		name:   z.Name,
 		limit:  l,
 		script: scripts[l.Kind],
-		head:   s.keyHead(z.Name),
-		tail:   keyTail(l.Kind),
+		tail:   keyTail(z.Name, l.Kind),
 		consts: constants(&l),
 	}
 }
@@ -85,28 +114,46 @@ func (s *Store) Zone(z storage.Zone) storage.Limiter {
 // Key returns the Redis key that holds the state of key in zone with
 // algorithm kind:
 //
-//	prefix + "{" + len(zone) + ":" + zone + ":" + key + "}:" + code
+//	prefix + "{" + len(key) + ":" + key + "}" + len(zone) + ":" + zone + ":" + code
 //
-// where code is a two-letter name of the algorithm (tb, gc, sw, sl, fw,
-// lb). Length-prefixing the zone name makes the key unambiguous: zone "a:b"
-// with key "c" and zone "a" with key "b:c" get different keys. The braces
-// are a Redis Cluster hash tag, so that everything a script touches for
-// one identity is in one slot; a prefix with a hash tag of its own pins
-// every key to that tag's slot. The algorithm's code keeps a zone whose
+// where the lengths are decimal byte counts and code is a two-letter name
+// of the algorithm (tb, gc, sw, sl, fw, lb); for example
+// "tollgate:{11:203.0.113.7}6:per_ip:tb".
+//
+// The Redis Cluster hash tag, the bytes between the first '{' and the
+// next '}', comes from the resolved key alone (it is a prefix of
+// len(key) + ":" + key, even when key holds braces), so that the zones
+// that key the same identity, say two zones keyed by client IP, share a
+// slot and TakeAll decides them in one script. A prefix with a hash tag
+// of its own pins every key to that tag's slot.
+//
+// Read from the left, the lengths make the key unambiguous for any zone
+// name and any resolved key, whatever bytes they hold: zone "a:b" with
+// key "c" and zone "a" with key "b:c" get different keys, and so do keys
+// with '{', '}' or ':' in them. The algorithm's code keeps a zone whose
 // algorithm changes from reading a state of another shape.
 func (s *Store) Key(zone string, kind algorithms.Kind, key string) string {
-	return s.keyHead(zone) + key + keyTail(kind)
+	return s.key(key, keyTail(zone, kind))
 }
 
-func (s *Store) keyHead(zone string) string {
-	return s.prefix + "{" + strconv.Itoa(len(zone)) + ":" + zone + ":"
+// key returns the Redis key of key, given its zone's keyTail.
+func (s *Store) key(key, tail string) string {
+	return s.prefix + "{" + strconv.Itoa(len(key)) + ":" + key + "}" + tail
 }
 
-func keyTail(k algorithms.Kind) string {
+// keyTail is the part of a Redis key after the hash tag, the same for all
+// of a zone's keys.
+func keyTail(zone string, k algorithms.Kind) string {
+	return strconv.Itoa(len(zone)) + ":" + zone + ":" + kindCode(k)
+}
+
+// kindCode is the two-letter name of an algorithm in Redis keys and
+// script arguments.
+func kindCode(k algorithms.Kind) string {
 	if int(k) < len(kindCodes) {
-		return "}:" + kindCodes[k]
+		return kindCodes[k]
 	}
-	return "}:" + strconv.Itoa(int(k))
+	return strconv.Itoa(int(k))
 }
 
 var kindCodes = [...]string{

@@ -28,22 +28,82 @@ func TestKey(t *testing.T) {
 		key  string
 		want string
 	}{
-		{"api", algorithms.TokenBucket, "203.0.113.7", "p:{3:api:203.0.113.7}:tb"},
-		{"a:b", algorithms.GCRA, "c", "p:{3:a:b:c}:gc"},
-		{"a", algorithms.GCRA, "b:c", "p:{1:a:b:c}:gc"},
-		{"", algorithms.SlidingLog, "", "p:{0::}:sl"},
-		{"z", algorithms.LeakyBucket, "k", "p:{1:z:k}:lb"},
+		{"api", algorithms.TokenBucket, "203.0.113.7", "p:{11:203.0.113.7}3:api:tb"},
+		{"a:b", algorithms.GCRA, "c", "p:{1:c}3:a:b:gc"},
+		{"a", algorithms.GCRA, "b:c", "p:{3:b:c}1:a:gc"},
+		{"", algorithms.SlidingLog, "", "p:{0:}0::sl"},
+		{"z", algorithms.LeakyBucket, "k", "p:{1:k}1:z:lb"},
+		{"z", algorithms.SlidingWindow, "}{", "p:{2:}{}1:z:sw"},
+		{"{z}", algorithms.FixedWindow, "{k}", "p:{3:{k}}3:{z}:fw"},
 	}
-	seen := map[string]bool{}
 	for _, tt := range tests {
-		got := s.Key(tt.zone, tt.kind, tt.key)
-		if got != tt.want {
+		if got := s.Key(tt.zone, tt.kind, tt.key); got != tt.want {
 			t.Errorf("Key(%q, %s, %q) = %q, want %q", tt.zone, tt.kind, tt.key, got, tt.want)
 		}
-		if seen[got] {
-			t.Errorf("Key(%q, %s, %q) = %q collides", tt.zone, tt.kind, tt.key, got)
+	}
+}
+
+// TestKeyUnambiguous builds the keys of zones and resolved keys made of
+// the bytes that could confuse a layout ('{', '}', ':', digits), and wants
+// no two alike, and the hash tag of each to depend on the resolved key
+// alone.
+func TestKeyUnambiguous(t *testing.T) {
+	alphabet := []string{"a", ":", "{", "}", "1"}
+	words := []string{""}
+	for n := 0; n < 3; n++ {
+		for _, w := range words {
+			if len(w) == n {
+				for _, c := range alphabet {
+					words = append(words, w+c)
+				}
+			}
 		}
-		seen[got] = true
+	}
+	type owner struct {
+		zone, key string
+		kind      algorithms.Kind
+	}
+	for _, prefix := range []string{"p:", "", "{", "}", "{tag}", "3:"} {
+		s := New(nil, prefix)
+		seen := make(map[string]owner, 2*len(words)*len(words))
+		for _, zone := range words {
+			for _, key := range words {
+				for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA} {
+					k := s.Key(zone, kind, key)
+					if prev, dup := seen[k]; dup {
+						t.Fatalf("prefix %q: Key(%q, %s, %q) = %q, the key of %+v too", prefix, zone, kind, key, k, prev)
+					}
+					seen[k] = owner{zone, key, kind}
+					if want := hashTag(s.Key("other", algorithms.SlidingLog, key)); hashTag(k) != want {
+						t.Fatalf("prefix %q: Key(%q, %s, %q) = %q has hash tag %q; another zone has %q", prefix, zone, kind, key, k, hashTag(k), want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestHashTag checks the hash tag rules of the Redis Cluster
+// specification; TestTakeAllCluster checks slot against CLUSTER KEYSLOT.
+func TestHashTag(t *testing.T) {
+	tests := []struct{ key, tag string }{
+		{"foo", "foo"},
+		{"{user1000}.following", "user1000"},
+		{"foo{}{bar}", "foo{}{bar}"},
+		{"foo{{bar}}zap", "{bar"},
+		{"foo{bar}{zap}", "bar"},
+		{"{", "{"},
+		{"}{", "}{"},
+		{"", ""},
+	}
+	for _, tt := range tests {
+		if got := hashTag(tt.key); got != tt.tag {
+			t.Errorf("hashTag(%q) = %q, want %q", tt.key, got, tt.tag)
+		}
+	}
+	// The CRC-16/XMODEM check value.
+	if got := slot("123456789"); got != 0x31c3 {
+		t.Errorf("slot(\"123456789\") = %#x, want 0x31c3", got)
 	}
 }
 
@@ -116,9 +176,10 @@ func TestTTL(t *testing.T) {
 				if err != nil {
 					t.Fatalf("take: %v", err)
 				}
-				elapsed := time.Since(start).Milliseconds()
 				want := (d.Reset + 999) / 1000 // ms, rounded up
 				got := pttl(t, c, key)
+				// The TTL runs down from the script's run until PTTL's.
+				elapsed := time.Since(start).Milliseconds()
 				if d.Reset > 0 && (got <= 0 || got > want || got < want-elapsed-1) {
 					t.Errorf("take %d = %+v: PTTL = %dms, want %dms (set to Reset rounded up)", i+1, d, got, want)
 				}
@@ -232,6 +293,7 @@ func TestIsolation(t *testing.T) {
 	pairs := []struct{ zone, key string }{
 		{"a:b", "c"}, {"a", "b:c"}, {"a", "c"}, {"b", "c"}, {"a", "b"},
 		{"a}", "{b"}, {"a", "}{b"}, {"", ""}, {"", ":"}, {":", ""},
+		{"a", "{b}"}, {"{a}", "b"}, {"a", "1:b}"}, {"a", "b}1:a"}, {"b", "}1:a"},
 		{"z", storage.BoundKey(long + "1")}, {"z", storage.BoundKey(long + "2")},
 	}
 	for _, p := range pairs {

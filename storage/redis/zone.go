@@ -13,12 +13,12 @@ import (
 
 // zone runs one zone's decisions, each as one script run on one Redis key.
 type zone struct {
-	store      *Store
-	name       string
-	limit      algorithms.Limit
-	script     *goredis.Script
-	head, tail string // a key's Redis key is head + key + tail
-	consts     []any  // the script's ARGV[5...]
+	store  *Store
+	name   string
+	limit  algorithms.Limit
+	script *goredis.Script
+	tail   string // what follows the hash tag in the zone's keys (keyTail)
+	consts []any  // the algorithm's code and constants (see constants)
 }
 
 var _ storage.Limiter = (*zone)(nil)
@@ -34,6 +34,15 @@ func undoAmount(l *algorithms.Limit, cost int64) int64 {
 // serverClock is the now that has the scripts read the server's clock,
 // boxed once.
 var serverClock any = int64(-1)
+
+// clock is the now argument of a script: the server's clock, or the
+// caller's now in the tests that set callerClock.
+func (s *Store) clock(now int64) any {
+	if s.callerClock {
+		return now
+	}
+	return serverClock
+}
 
 // Take decides one request of cost milli-units for key by the Redis
 // server's clock; now is ignored. A cost above the zone's capacity is
@@ -85,15 +94,15 @@ func (z *zone) Reset(ctx context.Context, key string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
-	n, err := z.store.client.Del(ctx, z.head+key+z.tail).Result()
+	n, err := z.store.client.Del(ctx, z.store.key(key, z.tail)).Result()
 	if err != nil {
 		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
 	return n > 0, nil
 }
 
-// run runs the zone's script for op with ARGV[4] = x. ok is false when the
-// script reports a key that does not exist (peek only).
+// run runs the zone's one-key script (single.lua) for op with x. ok is
+// false when the script reports a key that does not exist (peek only).
 func (z *zone) run(ctx context.Context, op, key string, now, x int64) (d algorithms.Decision, ok bool, err error) {
 	if z.script == nil {
 		return d, false, fmt.Errorf("unknown algorithm %s", z.limit.Kind)
@@ -101,14 +110,10 @@ func (z *zone) run(ctx context.Context, op, key string, now, x int64) (d algorit
 	if err := ctx.Err(); err != nil {
 		return d, false, err
 	}
-	var clock any = serverClock
-	if z.store.callerClock {
-		clock = now
-	}
 	args := make([]any, 0, 4+len(z.consts))
-	args = append(args, op, clock, z.store.ttlSlack, x)
+	args = append(args, op, z.store.clock(now), z.store.ttlSlack, x)
 	args = append(args, z.consts...)
-	v, err := z.script.Run(ctx, z.store.client, []string{z.head + key + z.tail}, args...).Int64Slice()
+	v, err := z.script.Run(ctx, z.store.client, []string{z.store.key(key, z.tail)}, args...).Int64Slice()
 	if err != nil {
 		return d, false, err
 	}

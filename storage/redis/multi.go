@@ -1,0 +1,324 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+// Request is one zone's part of a request's decision by TakeAll.
+type Request struct {
+	// Zone is the zone's limiter, as Zone of the store that runs TakeAll
+	// returned it.
+	Zone storage.Limiter
+	// Key is the resolved key, bounded with storage.BoundKey.
+	Key string
+	// Cost is the request's cost in milli-units.
+	Cost int64
+	// DryRun marks a zone that never rejects: its rejection does not stop
+	// the other zones, and, like every rejecting zone, it is not charged.
+	DryRun bool
+}
+
+// grouping is how TakeAll splits a request's keys into the groups that one
+// script run can decide together.
+type grouping uint8
+
+const (
+	// oneServer: one server holds every key; one group.
+	oneServer grouping = iota
+	// bySlot: a Redis Cluster runs a script only on keys of one slot.
+	bySlot
+	// byTag: one group per hash tag, which is safe for a Cluster and for
+	// a Ring (which shards by tag, not by slot) alike.
+	byTag
+)
+
+var (
+	errForeignZone = errors.New("a zone that is not from this store")
+	errSameKey     = errors.New("the same zone and key twice")
+)
+
+// TakeAll decides reqs, the zones that apply to one request, as one request
+// at now (ignored: the Redis server's clock decides): it is admitted only
+// if every zone that is not a dry run admits it. Then every admitting zone
+// is charged, dry runs too; otherwise nothing is charged anywhere. It
+// returns one Decision per request, in order, and the index of the first
+// rejecting zone that is not a dry run, or -1 when the request is
+// admitted. A rejected request's Decisions are what each zone would decide
+// with nothing charged.
+//
+// Requests whose keys a single script can reach (all of them on a server
+// or a Sentinel-managed primary; those in one slot on a Cluster, such as
+// zones that key the same identity, see Key) are decided by one script
+// run, atomically: check every zone, then take in every admitting one.
+// When the keys span slots, TakeAll decides one slot group after another,
+// each atomically, in the order of reqs; if a group rejects, it gives back
+// what the earlier groups took before it returns. Until then, those zones
+// look fuller than they are to concurrent requests, which errs towards
+// rejecting: no zone ever admits more than its limit. After a rejection,
+// the later groups are only checked.
+//
+// A zone's cost above its capacity is rejected with Wait algorithms.Never,
+// as in Take. Each zone and key may appear once. A single request is
+// decided exactly as the zone's Take decides it.
+//
+// When err is not nil, the request is undecided, and TakeAll has given
+// back what it took (as far as Redis answered; a charge it could not give
+// back expires with its key); the caller may decide zone by zone instead.
+// A deadline of ctx bounds the decision; giving back gets as long again.
+func (s *Store) TakeAll(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, err error) {
+	switch len(reqs) {
+	case 0:
+		return nil, -1, nil
+	case 1:
+		r := &reqs[0]
+		z, err := s.own(r.Zone)
+		if err != nil {
+			return nil, -1, fmt.Errorf("redis store: take all: %w", err)
+		}
+		d, err := z.Take(ctx, r.Key, now, r.Cost)
+		if err != nil {
+			return nil, -1, err
+		}
+		rejected = -1
+		if !d.Allowed && !r.DryRun {
+			rejected = 0
+		}
+		return []algorithms.Decision{d}, rejected, nil
+	}
+
+	parts, err := s.parts(reqs)
+	if err != nil {
+		return nil, -1, fmt.Errorf("redis store: take all: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, -1, fmt.Errorf("redis store: take all: %w", err)
+	}
+	groups := s.groups(parts)
+	budget := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok && len(groups) > 1 {
+		budget = time.Until(dl)
+	}
+	ds = make([]algorithms.Decision, len(reqs))
+	for gi, g := range groups {
+		if err := s.runGroup(ctx, multiDecide, now, parts, g, ds); err != nil {
+			err = fmt.Errorf("redis store: take all: %w", err)
+			if gi > 0 {
+				err = errors.Join(err, s.settle(ctx, budget, now, parts, groups[:gi], nil, ds))
+			}
+			return nil, -1, err
+		}
+		if blocked(parts, g, ds) {
+			if err := s.settle(ctx, budget, now, parts, groups[:gi], groups[gi+1:], ds); err != nil {
+				return nil, -1, fmt.Errorf("redis store: take all: %w", err)
+			}
+			break
+		}
+	}
+	rejected = -1
+	for i := range parts {
+		if parts[i].block && !ds[i].Allowed {
+			rejected = i
+			break
+		}
+	}
+	return ds, rejected, nil
+}
+
+// part is one request as the scripts take it.
+type part struct {
+	z     *zone
+	key   string // the Redis key
+	op    string // opCheck, opCheckNever, or opUndo when giving back
+	x     int64
+	block bool // not a dry run
+}
+
+// own returns l as a zone of s.
+func (s *Store) own(l storage.Limiter) (*zone, error) {
+	z, ok := l.(*zone)
+	if !ok || z.store != s {
+		return nil, fmt.Errorf("%w: %T", errForeignZone, l)
+	}
+	if z.script == nil {
+		return nil, fmt.Errorf("zone %q: unknown algorithm %s", z.name, z.limit.Kind)
+	}
+	return z, nil
+}
+
+// parts converts reqs for the scripts.
+func (s *Store) parts(reqs []Request) ([]part, error) {
+	parts := make([]part, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		z, err := s.own(r.Zone)
+		if err != nil {
+			return nil, err
+		}
+		p := part{z: z, key: s.key(r.Key, z.tail), op: opCheck, x: amount(&z.limit, max(r.Cost, 0)), block: !r.DryRun}
+		if r.Cost > z.limit.Capacity() {
+			p.op, p.x = opCheckNever, 0
+		}
+		for j := 0; j < i; j++ {
+			if parts[j].key == p.key {
+				return nil, fmt.Errorf("%w: zone %q, key %q", errSameKey, z.name, r.Key)
+			}
+		}
+		parts[i] = p
+	}
+	return parts, nil
+}
+
+// groups splits parts into the groups that one script run can decide, in
+// the order of their first parts, as lists of indexes into parts.
+func (s *Store) groups(parts []part) [][]int {
+	if s.group == oneServer {
+		all := make([]int, len(parts))
+		for i := range all {
+			all[i] = i
+		}
+		return [][]int{all}
+	}
+	same := func(a, b string) bool { return hashTag(a) == hashTag(b) }
+	if s.group == bySlot {
+		same = func(a, b string) bool { return slot(a) == slot(b) }
+	}
+	var groups [][]int
+	of := make([]int, len(parts)) // the group of each part
+	for i := range parts {
+		g := -1
+		for j := 0; j < i && g < 0; j++ {
+			if same(parts[i].key, parts[j].key) {
+				g = of[j]
+			}
+		}
+		if g < 0 {
+			g = len(groups)
+			groups = append(groups, nil)
+		}
+		of[i] = g
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// blocked reports whether a zone of group g that is not a dry run rejects.
+func blocked(parts []part, g []int, ds []algorithms.Decision) bool {
+	for _, i := range g {
+		if parts[i].block && !ds[i].Allowed {
+			return true
+		}
+	}
+	return false
+}
+
+// settle finishes a request that a group rejected or failed on: it gives
+// back what the groups taken took and checks the groups later, filling in
+// their Decisions. It runs even when ctx is done, for as long as ctx had
+// at the start (budget; unbounded if ctx had no deadline).
+func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, parts []part, taken, later [][]int, ds []algorithms.Decision) error {
+	ctx = context.WithoutCancel(ctx)
+	if budget > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, budget)
+		defer cancel()
+	}
+	var errs []error
+	for _, g := range taken {
+		for _, i := range g {
+			if ds[i].Allowed && parts[i].x > 0 {
+				parts[i].op = opUndo
+			}
+		}
+		if err := s.runGroup(ctx, multiCheck, now, parts, g, ds); err != nil {
+			errs = append(errs, fmt.Errorf("giving back: %w", err))
+		}
+	}
+	for _, g := range later {
+		if err := s.runGroup(ctx, multiCheck, now, parts, g, ds); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// runGroup runs multi.lua (what: multiDecide or multiCheck) on the parts of
+// group g, and stores their decisions in ds.
+func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []part, g []int, ds []algorithms.Decision) error {
+	keys := make([]string, len(g))
+	args := make([]any, 0, 3+7*len(g))
+	args = append(args, what, s.clock(now), s.ttlSlack)
+	for k, i := range g {
+		p := &parts[i]
+		keys[k] = p.key
+		block := "0"
+		if p.block {
+			block = "1"
+		}
+		args = append(args, p.op, p.x, block)
+		args = append(args, p.z.consts...)
+	}
+	v, err := multiScript.Run(ctx, s.client, keys, args...).Int64Slice()
+	if err == nil && len(v) != 5*len(g) {
+		err = fmt.Errorf("%w: %v", errReply, v)
+	}
+	if err != nil {
+		return fmt.Errorf("zones %s: %w", zoneNames(parts, g), err)
+	}
+	for k, i := range g {
+		v := v[5*k:]
+		ds[i] = algorithms.Decision{Allowed: v[0] == 1, Remaining: v[1], Reset: v[2], Wait: v[3], Delay: v[4]}
+	}
+	return nil
+}
+
+// zoneNames lists the names of group g's zones for an error message.
+func zoneNames(parts []part, g []int) string {
+	var b strings.Builder
+	for k, i := range g {
+		if k > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%q", parts[i].z.name)
+	}
+	return b.String()
+}
+
+// hashTag returns the part of key that Redis hashes to its Cluster slot:
+// the bytes between the first '{' and the next '}', if there are any, or
+// else the whole key.
+func hashTag(key string) string {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return key
+	}
+	n := strings.IndexByte(key[open+1:], '}')
+	if n <= 0 {
+		return key
+	}
+	return key[open+1 : open+1+n]
+}
+
+// slot returns key's Redis Cluster slot: the CRC-16 (XMODEM) of its hash
+// tag, modulo 16384.
+func slot(key string) int {
+	tag := hashTag(key)
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc & 0x3fff)
+}

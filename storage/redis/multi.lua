@@ -1,0 +1,61 @@
+-- multi.lua: the main part of the script that decides one request against
+-- several zones (TakeAll), after common.lua and every algorithm's file. All
+-- of its keys are in one Cluster slot, and it reads the clock once, so that
+-- every zone decides at the same now.
+--
+-- KEYS:         the zones' keys, one per zone, all different
+-- ARGV[1] what: 'd' decide: check every zone and, if no blocking zone
+--               rejects, take in every admitting zone; 'c' check only
+-- ARGV[2] now:  µs since the Unix epoch; negative means the server's clock
+-- ARGV[3]:      TTL slack in ms
+-- ARGV[4...]:   7 arguments for each key: op ('c' check; 'n' check a cost
+--               above the capacity; 'u' undo x, then check), x, blocking
+--               ('1', or '0' for a dry-run zone, whose rejection does not
+--               stop the others), the algorithm's code and its 3 constants
+--
+-- It returns the zones' decisions one after another, 5 integers each: the
+-- checks' when nothing was taken, the takes' (for the zones that admitted)
+-- when the request was.
+local what = ARGV[1]
+local now = clock(ARGV[2])
+slack = tonumber(ARGV[3])
+
+local function run(i, op)
+	local a = 4 + 7 * (i - 1)
+	return algs[ARGV[a + 3]](KEYS[i], op, now, tonumber(ARGV[a + 1]),
+		tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]))
+end
+
+local ds = {}
+local admit = true
+for i = 1, #KEYS do
+	local a = 4 + 7 * (i - 1)
+	local op = ARGV[a]
+	if op == 'u' then
+		run(i, 'u')
+		op = 'c'
+	end
+	local d = run(i, op)
+	if d[1] == 0 and ARGV[a + 2] == '1' then
+		admit = false
+	end
+	ds[i] = d
+end
+-- Decided on the same state at the same now, a take admits exactly when
+-- its check did.
+if what == 'd' and admit then
+	for i = 1, #KEYS do
+		if ds[i][1] == 1 then
+			ds[i] = run(i, 't')
+		end
+	end
+end
+
+local out = {}
+for i = 1, #KEYS do
+	local d = ds[i]
+	for j = 1, 5 do
+		out[5 * (i - 1) + j] = d[j]
+	end
+end
+return out
