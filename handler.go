@@ -91,7 +91,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // decideAll decides every applied zone at once, on a store that can do so
-// atomically (multiBackend), and returns the index of the rejecting zone,
+// atomically (Redis), and returns the index of the rejecting zone,
 // or -1. Nothing is charged when a zone rejects or err is not nil.
 func (h *Handler) decideAll(r *http.Request, results []result, now int64) (int, error) {
 	start := results[0].z.metrics.start()

@@ -22,7 +22,7 @@ var nextOK = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) erro
 
 // provisionBench provisions a handler with one zone built by zone, and
 // returns it with its cleanup.
-func provisionBench(b *testing.B, h *Handler) {
+func provisionBench(b testing.TB, h *Handler) {
 	b.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	b.Cleanup(cancel)
@@ -93,5 +93,46 @@ func BenchmarkServeHTTP(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestAllowedPathAllocations pins the handler's allocations on an allowed
+// request (a count, not a timing): none with headers off, two with the IETF
+// headers (the RateLimit value and one slice for both headers' values),
+// with metrics on or off. A change that makes the request's results escape
+// to the heap, or a metric that allocates, fails here.
+func TestAllowedPathAllocations(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		hdrs    []string
+		metrics bool
+		want    float64
+	}{
+		{"headers=none", []string{"none"}, false, 0},
+		{"headers=none/metrics=on", []string{"none"}, true, 0},
+		{"headers=ietf", nil, false, 2},
+		{"headers=ietf/metrics=on", nil, true, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.metrics {
+				metricsEnabled = func(caddy.Context) bool { return true }
+				defer func() { metricsEnabled = httpMetricsEnabled }()
+			}
+			z := Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}
+			h := &Handler{RateLimits: map[string]*Zone{"allocs": &z}, Headers: c.hdrs}
+			provisionBench(t, h)
+			req := benchRequests(1)[0]
+			w := &nopWriter{h: make(http.Header)}
+			h.ServeHTTP(w, req, nextOK) // the key's first request creates it
+			got := testing.AllocsPerRun(200, func() {
+				clear(w.h)
+				if err := h.ServeHTTP(w, req, nextOK); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if got != c.want {
+				t.Errorf("allocations per allowed request = %v, want %v", got, c.want)
+			}
+		})
 	}
 }

@@ -337,8 +337,10 @@ func (l *redisLimiter) Reset(ctx context.Context, key string) (bool, error) {
 	return l.inner.Reset(c, key)
 }
 
-// takeAll decides all of a request's zones at once with the store's
-// TakeAll: one atomic script where the zones' keys can share one (always
+// takeAll decides all of a request's zones as one step: every zone is
+// charged if every non-dry-run zone admits the request, none otherwise. It
+// fills each result's decision and limiter and returns the index of the
+// first rejecting zone, or -1. It uses the store's TakeAll: one atomic script where the zones' keys can share one (always
 // on a standalone or Sentinel Redis; on a Cluster when they hash to one
 // slot). It goes through the same breaker and timeout as a single Take.
 func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result) (int, error) {
@@ -445,7 +447,6 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // Interface guards.
 var (
 	_ Backend               = (*RedisStorage)(nil)
-	_ multiBackend          = (*RedisStorage)(nil)
 	_ caddy.Provisioner     = (*RedisStorage)(nil)
 	_ caddy.CleanerUpper    = (*RedisStorage)(nil)
 	_ caddyfile.Unmarshaler = (*RedisStorage)(nil)
