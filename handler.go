@@ -2,7 +2,6 @@ package tollgate
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -221,12 +220,6 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 type errRateLimited struct{ zone string }
 
 func (e errRateLimited) Error() string { return "rate limit exceeded in zone " + e.zone }
-
-// ErrRateLimited reports whether err is a rejection by Tollgate.
-func ErrRateLimited(err error) bool {
-	var e errRateLimited
-	return errors.As(err, &e)
-}
 
 // retryAfterSeconds is Retry-After for a wait of µs: ceil(wait * (1 +
 // jitter * u)) seconds, at least 1, where u in [0, 1) is derived from a hash

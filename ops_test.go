@@ -400,9 +400,9 @@ func TestEventOnEveryRejection(t *testing.T) {
 		resp, _ := get(t, tester, step.path, "X-Client: "+step.client)
 		check(t, fmt.Sprintf("step %d", i), resp, "", want{status: step.status})
 	}
-	evs := waitEvents(3)
+	waitEvents(3)
 	time.Sleep(100 * time.Millisecond) // let any stray event arrive
-	evs = waitEvents(3)
+	evs := waitEvents(3)
 	if len(evs) != 3 {
 		t.Fatalf("recorded %d events %v, want 3: one per rejection and would-be rejection, none for allowed requests", len(evs), evs)
 	}
