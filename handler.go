@@ -81,7 +81,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if rejected >= 0 {
 				return h.reject(w, r, repl, results[:rejected+1], now)
 			}
-			return h.admit(w, r, next, results, now)
+			return h.admit(w, r, repl, next, results, now)
 		}
 		// The store failed; nothing was charged. Decide zone by zone, so
 		// that each zone's on_storage_error applies.
@@ -138,14 +138,17 @@ func (h *Handler) decideEach(w http.ResponseWriter, r *http.Request, repl *caddy
 			return h.reject(w, r, repl, results[:n], now)
 		}
 	}
-	return h.admit(w, r, next, results[:n], now)
+	return h.admit(w, r, repl, next, results[:n], now)
 }
 
 // admit sends an admitted request on, with its headers, after the longest
 // shaping delay of its zones. A client that goes away while delayed gives
 // its place back.
-func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, results []result, now int64) error {
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, results []result, now int64) error {
 	h.writeHeaders(w.Header(), results, -1, -1, now)
+	if len(results) > 0 {
+		setQuotaPlaceholders(repl, &results[mostRestrictive(results, -1)])
+	}
 	if delay := maxDelay(results); delay > 0 {
 		t := time.NewTimer(time.Duration(delay) * time.Microsecond)
 		select {
@@ -204,8 +207,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	h.writeHeaders(w.Header(), results, i, retryAfter, now)
 	repl.Set("http.rate_limit.zone", res.z.name)
 	repl.Set("http.rate_limit.exceeded.name", res.z.name)
-	repl.Set("http.rate_limit.limit", res.z.spec.Limit.Events)
-	repl.Set("http.rate_limit.remaining", res.d.Remaining)
+	setQuotaPlaceholders(repl, res)
 	if retryAfter >= 0 {
 		repl.Set("http.rate_limit.retry_after", retryAfter)
 	} else {
@@ -214,6 +216,15 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	h.logReject(r, res, false)
 	h.emitExceeded(r, res, false)
 	return caddyhttp.Error(h.status, errRateLimited{zone: res.z.name})
+}
+
+// setQuotaPlaceholders sets {http.rate_limit.limit} and
+// {http.rate_limit.remaining} from res, for later handlers and
+// handle_errors: on an allowed request the most restrictive zone's, on a
+// rejected one the rejecting zone's.
+func setQuotaPlaceholders(repl *caddy.Replacer, res *result) {
+	repl.Set("http.rate_limit.limit", res.z.limitValue)
+	repl.Set("http.rate_limit.remaining", res.z.remainingValue(res.d.Remaining))
 }
 
 // errRateLimited is the error a rejected request is answered with.

@@ -412,3 +412,26 @@ func validate(caddyfile string) error {
 }
 
 var _ = context.Background
+
+func TestPlaceholdersForLaterHandlers(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone loose {
+				key {http.request.header.X-Client}
+				rate 10/h
+			}
+			zone tight {
+				key {http.request.header.X-Client}
+				rate 3/h
+			}
+		}
+		respond "limit={http.rate_limit.limit} remaining={http.rate_limit.remaining}"
+	}`, "caddyfile")
+	// The most restrictive zone's quota: tight, 3 per hour.
+	for i, w := range []string{"limit=3 remaining=2", "limit=3 remaining=1"} {
+		resp, body := get(t, tester, "/", "X-Client: later")
+		check(t, fmt.Sprintf("step %d", i), resp, body, want{200, nil, w})
+	}
+}

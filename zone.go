@@ -132,6 +132,12 @@ type zone struct {
 
 	policy string // this zone's RateLimit-Policy item, built once
 
+	// The {http.rate_limit.limit} and {http.rate_limit.remaining} values,
+	// boxed once: the replacer keeps values as any, and boxing a number
+	// above 255 allocates on every request.
+	limitValue      any
+	remainingValues []any // remainingValues[n] is n, for n <= min(burst, 1024)
+
 	metrics *zoneMetrics // nil when Caddy's metrics are off
 	errLog  logThrottle  // store failures log at most once per logThrottleInterval
 }
@@ -222,6 +228,11 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	}
 
 	z.policy = policyItem(name, limit)
+	z.limitValue = limit.Events
+	z.remainingValues = make([]any, min(limit.Burst, 1024)+1)
+	for n := range z.remainingValues {
+		z.remainingValues[n] = int64(n)
+	}
 
 	if z.limiter, err = h.backend.OpenLimiter(z.spec); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
@@ -329,4 +340,13 @@ func policyItem(name string, l algorithms.Limit) string {
 		w = (l.Window + second - 1) / second
 	}
 	return `"` + name + `";q=` + strconv.FormatInt(q, 10) + `;w=` + strconv.FormatInt(w, 10)
+}
+
+// remainingValue is n boxed for the replacer, without allocating for the
+// values a zone usually reports.
+func (z *zone) remainingValue(n int64) any {
+	if n >= 0 && n < int64(len(z.remainingValues)) {
+		return z.remainingValues[n]
+	}
+	return n
 }
