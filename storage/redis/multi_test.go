@@ -194,23 +194,7 @@ func randomRequests(rng *rand.Rand, zones []*refZone, keys []string) []refReq {
 	for _, i := range rng.Perm(len(zones))[:n] {
 		z := zones[i]
 		capacity := z.l.Capacity()
-		var cost int64
-		switch r := rng.IntN(100); {
-		case r < 55:
-			cost = algorithms.Milli
-		case r < 70:
-			cost = rng.Int64N(capacity + 1)
-		case r < 78:
-			cost = 1 + rng.Int64N(algorithms.Milli-1)
-		case r < 84:
-			cost = capacity
-		case r < 90:
-			cost = capacity + 1 + rng.Int64N(2000)
-		case r < 94:
-			cost = 0
-		default:
-			cost = rng.Int64N(3*algorithms.Milli + 1)
-		}
+		cost := randomCost(rng, capacity)
 		rs = append(rs, refReq{z, keys[rng.IntN(len(keys))], cost, rng.IntN(5) == 0})
 	}
 	return rs

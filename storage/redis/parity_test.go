@@ -345,23 +345,7 @@ func randomSteps(rng *rand.Rand, l *algorithms.Limit, n int, atEpoch bool) []ste
 		// that now + 2 * MaxSpan stays exact in doubles, as it does for
 		// a real clock until the 23rd century.
 		now = min(now, 1<<52)
-		var cost int64
-		switch r := rng.IntN(100); {
-		case r < 45:
-			cost = algorithms.Milli
-		case r < 60:
-			cost = rng.Int64N(capacity + 1)
-		case r < 70:
-			cost = 1 + rng.Int64N(algorithms.Milli-1)
-		case r < 77:
-			cost = capacity
-		case r < 83:
-			cost = capacity + 1 + rng.Int64N(2000)
-		case r < 88:
-			cost = 0
-		default:
-			cost = rng.Int64N(3*algorithms.Milli + 1)
-		}
+		cost := randomCost(rng, capacity)
 		switch r := rng.IntN(100); {
 		case r < 80:
 			steps = append(steps, T(now, cost))
@@ -379,4 +363,26 @@ func randomSteps(rng *rand.Rand, l *algorithms.Limit, n int, atEpoch bool) []ste
 		}
 	}
 	return steps
+}
+
+// randomCost draws a request cost in milli-units for the random traces:
+// mostly one event, with fractions, zero, the exact capacity and costs
+// above it mixed in.
+func randomCost(rng *rand.Rand, capacity int64) int64 {
+	switch r := rng.IntN(100); {
+	case r < 50:
+		return algorithms.Milli
+	case r < 65:
+		return rng.Int64N(capacity + 1)
+	case r < 74:
+		return 1 + rng.Int64N(algorithms.Milli-1)
+	case r < 81:
+		return capacity
+	case r < 87:
+		return capacity + 1 + rng.Int64N(2000)
+	case r < 91:
+		return 0
+	default:
+		return rng.Int64N(3*algorithms.Milli + 1)
+	}
 }
