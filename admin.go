@@ -167,15 +167,6 @@ next:
 	return zs
 }
 
-// storedKey is the key a zone stores for the resolved key: grouped by the
-// zone's IP prefixes and bounded, as zone.resolveKey does.
-func (z *zone) storedKey(key string) string {
-	if z.v4bits < 32 || z.v6bits < 128 {
-		key = maskIP(key, z.v4bits, z.v6bits)
-	}
-	return storage.BoundKey(key)
-}
-
 // keyState is one key's state in GET /rate_limit/zones/<zone>/keys/<key>,
 // as a request for one event would see it now.
 type keyState struct {

@@ -293,6 +293,12 @@ func (z *zone) resolveKey(r *http.Request, repl *caddy.Replacer) string {
 	} else {
 		key = repl.ReplaceAll(z.key, "")
 	}
+	return z.storedKey(key)
+}
+
+// storedKey is the key a zone stores for a resolved key: grouped by the
+// zone's IP prefixes and bounded. The handler and the admin API share it.
+func (z *zone) storedKey(key string) string {
 	if z.v4bits < 32 || z.v6bits < 128 {
 		key = maskIP(key, z.v4bits, z.v6bits)
 	}
