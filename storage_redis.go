@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -128,6 +127,10 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	// No retries: a script whose reply was lost may have run, and running
 	// it again would charge the request twice.
 	opts.MaxRetries = -1
+	// A call that waits for a pool connection gives up with
+	// ErrPoolTimeout before its deadline, so that the breaker can tell a
+	// busy pool (load on this instance) from a slow Redis.
+	opts.PoolTimeout = r.timeout * 3 / 4
 
 	r.poolKey = redisPoolKey(opts, prefix)
 	v, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
@@ -241,58 +244,6 @@ func (r *RedisStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
 		return nil, errors.New("redis storage is not provisioned")
 	}
 	return &redisLimiter{inner: r.client.store.Zone(z), timeout: r.timeout, health: &r.client.health}, nil
-}
-
-// errRedisDown is the error of a call made while Redis is known to be
-// unreachable: it fails at once, without waiting for a timeout.
-var errRedisDown = errors.New("redis unreachable: waiting to retry")
-
-// redisRetryEvery is how long after a failure Redis is tried again. Until
-// then calls fail at once; then one call at a time probes it.
-const redisRetryEvery = 250 * time.Millisecond
-
-// redisHealth is a circuit breaker shared by every zone on one client, so
-// that an outage costs each request nothing beyond the first timeout, and
-// is logged once when it starts and once when it ends.
-type redisHealth struct {
-	downSince atomic.Int64 // unix ns of the failure that opened the breaker; 0 when up
-	retryAt   atomic.Int64 // unix ns after which one call may probe
-	probing   atomic.Bool
-	logger    *zap.Logger
-}
-
-// admit reports whether a call may go to Redis now.
-func (h *redisHealth) admit() bool {
-	if h.downSince.Load() == 0 {
-		return true
-	}
-	if time.Now().UnixNano() < h.retryAt.Load() {
-		return false
-	}
-	return h.probing.CompareAndSwap(false, true) // one probe at a time
-}
-
-// observe records the outcome of a call that admit let through. A call
-// cancelled by its own client says nothing about Redis.
-func (h *redisHealth) observe(parent context.Context, err error) {
-	wasDown := h.downSince.Load() != 0
-	if wasDown {
-		defer h.probing.Store(false)
-	}
-	switch {
-	case err == nil:
-		if since := h.downSince.Swap(0); since != 0 {
-			h.logger.Info("redis reachable again: rate limits are shared again",
-				zap.Duration("outage", time.Since(time.Unix(0, since))))
-		}
-	case parent.Err() != nil:
-	default:
-		now := time.Now().UnixNano()
-		h.retryAt.Store(now + int64(redisRetryEvery))
-		if h.downSince.CompareAndSwap(0, now) {
-			h.logger.Error("redis unreachable: each zone's on_storage_error applies until it answers", zap.Error(err))
-		}
-	}
 }
 
 // redisLimiter bounds each call to a zone's Redis limiter by the timeout

@@ -1,0 +1,127 @@
+package tollgate
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// errRedisDown is the error of a call made while Redis is known to be
+// unreachable: it fails at once, without waiting for a timeout.
+var errRedisDown = errors.New("redis unreachable: waiting to retry")
+
+// redisRetryEvery is how long after the breaker opens Redis is tried
+// again. Until then calls fail at once; then one call at a time probes it.
+const redisRetryEvery = 250 * time.Millisecond
+
+// redisFailStreak is how many calls in a row must fail, none answered in
+// between, before failures that prove nothing on their own (a reply slower
+// than the timeout, an error reply) open the breaker.
+const redisFailStreak = 5
+
+// redisHealth is a circuit breaker shared by every zone on one client. It
+// opens only on evidence that Redis is down, so that an outage costs each
+// request nothing beyond the first failures and is logged once when it
+// starts and once when it ends:
+//
+//   - a connection refused, reset or closed by the peer, or a dial that
+//     fails other than by timing out, opens it at once;
+//   - any other failure (a reply slower than the timeout: a busy machine, a
+//     stalled server) opens it only when redisFailStreak calls in a row
+//     fail; a single slow reply never does;
+//   - a call that waited too long for a pool connection, or that its own
+//     caller cancelled (a client gone), says nothing about Redis.
+//
+// A call that fails without opening the breaker still gets its zone's
+// on_storage_error, for that request only.
+type redisHealth struct {
+	downSince atomic.Int64 // unix ns of the failure that opened the breaker; 0 when closed
+	retryAt   atomic.Int64 // unix ns after which one call may probe
+	probing   atomic.Bool
+	streak    atomic.Int64 // failures in a row since the last answer
+	logger    *zap.Logger
+}
+
+// admit reports whether a call may go to Redis now.
+func (h *redisHealth) admit() bool {
+	if h.downSince.Load() == 0 {
+		return true
+	}
+	if time.Now().UnixNano() < h.retryAt.Load() {
+		return false
+	}
+	return h.probing.CompareAndSwap(false, true) // one probe at a time
+}
+
+// observe records the outcome of a call that admit let through. parent is
+// the caller's context, without the call's own timeout.
+func (h *redisHealth) observe(parent context.Context, err error) {
+	if h.downSince.Load() != 0 {
+		defer h.probing.Store(false)
+	}
+	switch redisFailure(parent, err) {
+	case answered:
+		h.streak.Store(0)
+		if since := h.downSince.Swap(0); since != 0 {
+			h.logger.Info("redis reachable again: rate limits are shared again",
+				zap.Duration("outage", time.Since(time.Unix(0, since))))
+		}
+	case noEvidence:
+	case weakEvidence:
+		if h.streak.Add(1) >= redisFailStreak || h.downSince.Load() != 0 {
+			h.open(err)
+		}
+	case down:
+		h.streak.Add(1)
+		h.open(err)
+	}
+}
+
+// open opens the breaker (or keeps it open after a failed probe) until
+// redisRetryEvery from now, logging the outage once when it starts.
+func (h *redisHealth) open(err error) {
+	now := time.Now().UnixNano()
+	h.retryAt.Store(now + int64(redisRetryEvery))
+	if h.downSince.CompareAndSwap(0, now) {
+		h.logger.Error("redis unreachable: each zone's on_storage_error applies until it answers",
+			zap.Error(err), zap.Int64("failures_in_a_row", h.streak.Load()))
+	}
+}
+
+// What a call's outcome says about Redis.
+type evidence uint8
+
+const (
+	answered     evidence = iota // Redis answered
+	noEvidence                   // the call failed for a reason that is not Redis's
+	weakEvidence                 // Redis may be slow or struggling
+	down                         // Redis is unreachable
+)
+
+// redisFailure classifies a call's error; parent is the caller's context.
+func redisFailure(parent context.Context, err error) evidence {
+	var opErr *net.OpError
+	switch {
+	case err == nil, errors.Is(err, goredis.Nil):
+		return answered
+	case parent.Err() != nil, errors.Is(err, goredis.ErrPoolTimeout):
+		// The caller went away, or the call never got a connection: the
+		// pool is busy, which is load on this instance, not a failure of
+		// Redis (if Redis is slow, the calls holding the connections fail
+		// and count).
+		return noEvidence
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE), errors.Is(err, io.EOF),
+		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, goredis.ErrClosed),
+		errors.As(err, &opErr) && opErr.Op == "dial" && !opErr.Timeout():
+		return down
+	}
+	return weakEvidence
+}

@@ -1,0 +1,157 @@
+package tollgate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+func TestRedisFailureEvidence(t *testing.T) {
+	live := context.Background()
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	dialTimeout := &net.OpError{Op: "dial", Net: "tcp", Err: timeoutErr{}}
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	for _, c := range []struct {
+		name   string
+		parent context.Context
+		err    error
+		want   evidence
+	}{
+		{"answered", live, nil, answered},
+		{"nil reply", live, goredis.Nil, answered},
+		{"slow reply", live, context.DeadlineExceeded, weakEvidence},
+		{"wrapped slow reply", live, fmt.Errorf("redis store: take %q: %w", "z", context.DeadlineExceeded), weakEvidence},
+		{"error reply", live, errors.New("ERR something"), weakEvidence},
+		{"dial timeout", live, dialTimeout, weakEvidence},
+		{"refused", live, fmt.Errorf("take: %w", refused), down},
+		{"reset", live, reset, down},
+		{"closed by peer", live, fmt.Errorf("take: %w", errEOF()), down},
+		{"pool busy", live, goredis.ErrPoolTimeout, noEvidence},
+		{"caller gone", gone, context.Canceled, noEvidence},
+		{"caller gone while refused", gone, refused, noEvidence},
+	} {
+		if got := redisFailure(c.parent, c.err); got != c.want {
+			t.Errorf("%s: redisFailure(%v) = %d, want %d", c.name, c.err, got, c.want)
+		}
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+func errEOF() error { return fmt.Errorf("read: %w", io.EOF) }
+
+// TestRedisBreakerOpensOnEvidence: one slow reply, or a few, never open the
+// breaker; redisFailStreak in a row do, and so does one refused
+// connection; an answer in between starts the count again. The outage is
+// logged once when it opens and once when it closes.
+func TestRedisBreakerOpensOnEvidence(t *testing.T) {
+	ctx := context.Background()
+	slow := context.DeadlineExceeded
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+
+	newHealth := func() (*redisHealth, *observer.ObservedLogs) {
+		core, logs := observer.New(zapcore.InfoLevel)
+		return &redisHealth{logger: zap.New(core)}, logs
+	}
+	call := func(h *redisHealth, err error) bool {
+		if !h.admit() {
+			return false
+		}
+		h.observe(ctx, err)
+		return true
+	}
+
+	t.Run("one slow reply", func(t *testing.T) {
+		h, logs := newHealth()
+		call(h, slow)
+		if !h.admit() {
+			t.Fatal("after one slow reply the breaker is open, want it closed")
+		}
+		if logs.Len() != 0 {
+			t.Errorf("one slow reply logged %d lines, want none", logs.Len())
+		}
+	})
+	t.Run("slow replies with answers between", func(t *testing.T) {
+		h, _ := newHealth()
+		for i := 0; i < 10*redisFailStreak; i++ {
+			err := slow
+			if i%redisFailStreak == redisFailStreak-1 {
+				err = nil
+			}
+			if !call(h, err) {
+				t.Fatalf("call %d: breaker open after fewer than %d failures in a row", i, redisFailStreak)
+			}
+		}
+	})
+	t.Run("a streak of slow replies", func(t *testing.T) {
+		h, logs := newHealth()
+		for i := 0; i < redisFailStreak; i++ {
+			if !call(h, slow) {
+				t.Fatalf("call %d: breaker open before %d failures in a row", i, redisFailStreak)
+			}
+		}
+		if h.admit() {
+			t.Fatalf("after %d failures in a row the breaker is closed, want open", redisFailStreak)
+		}
+		if logs.Len() != 1 || logs.All()[0].Level != zapcore.ErrorLevel {
+			t.Fatalf("logs: %v, want one error line", logs.All())
+		}
+		h.retryAt.Store(0) // the retry time has come
+		if !call(h, nil) {
+			t.Fatal("probe not admitted after the retry time")
+		}
+		if !h.admit() || logs.Len() != 2 || logs.All()[1].Level != zapcore.InfoLevel {
+			t.Fatalf("after a good probe: admit %v, logs %v; want closed and one info line", h.admit(), logs.All())
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		h, _ := newHealth()
+		call(h, refused)
+		if h.admit() {
+			t.Fatal("after a refused connection the breaker is closed, want open")
+		}
+	})
+	t.Run("pool busy and caller gone", func(t *testing.T) {
+		h, _ := newHealth()
+		gone, cancel := context.WithCancel(ctx)
+		cancel()
+		for i := 0; i < 3*redisFailStreak; i++ {
+			if !h.admit() {
+				t.Fatalf("call %d: breaker open on failures that are not Redis's", i)
+			}
+			h.observe(ctx, goredis.ErrPoolTimeout)
+			h.observe(gone, context.Canceled)
+		}
+	})
+	t.Run("one probe at a time", func(t *testing.T) {
+		h, _ := newHealth()
+		call(h, refused)
+		h.retryAt.Store(0)
+		if !h.admit() {
+			t.Fatal("first probe not admitted")
+		}
+		if h.admit() {
+			t.Fatal("second concurrent probe admitted")
+		}
+		h.observe(ctx, slow) // the probe failed: stays open, retry later
+		if h.admit() {
+			t.Fatal("after a failed probe the breaker is closed, want open until the next retry time")
+		}
+	})
+}
