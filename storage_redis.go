@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -109,6 +110,7 @@ func (p *pooledRedis) Destruct() error { return p.client.Close() }
 // client for them.
 func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	r.logger = ctx.Logger()
+	routeRedisLog()
 	opts, err := r.options()
 	if err != nil {
 		return err
@@ -176,9 +178,9 @@ func (r *RedisStorage) options() (*goredis.UniversalOptions, error) {
 		if len(o.Addrs) > 0 {
 			return nil, fmt.Errorf("url and addresses: give one or the other")
 		}
-		parsed, err := goredis.ParseURL(u)
+		parsed, err := parseRedisURL(u)
 		if err != nil {
-			return nil, fmt.Errorf("url %q: %v", redactURL(u), err)
+			return nil, err
 		}
 		o.Addrs = []string{parsed.Addr}
 		if o.Username == "" {
@@ -207,13 +209,84 @@ func (r *RedisStorage) options() (*goredis.UniversalOptions, error) {
 	return o, nil
 }
 
-// redactURL hides a URL's password for error messages.
+// parseRedisURL parses a redis:// or rediss:// URL. Its error names the
+// URL with the password hidden, and never holds the password: the errors
+// of net/url quote the whole URL, and may quote a piece of it.
+func parseRedisURL(u string) (*goredis.Options, error) {
+	o, err := goredis.ParseURL(u)
+	if err == nil {
+		return o, nil
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // without the URL it quotes
+	}
+	msg := err.Error()
+	if pw := urlPassword(u); pw != "" {
+		for _, q := range quoted(msg) {
+			if strings.Contains(pw, q) || strings.Contains(q, pw) {
+				msg = strings.ReplaceAll(msg, q, "xxxxx")
+			}
+		}
+		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+	}
+	return nil, fmt.Errorf("url %q: %s", redactURL(u), msg)
+}
+
+// urlPassword returns what stands for the password in a URL that may not
+// parse: what follows the first ':' of the user info, before the last '@'.
+func urlPassword(u string) string {
+	if i := strings.Index(u, "://"); i >= 0 {
+		u = u[i+3:]
+	}
+	at := strings.LastIndexByte(u, '@')
+	if at < 0 {
+		return ""
+	}
+	_, pw, _ := strings.Cut(u[:at], ":")
+	return pw
+}
+
+// quoted returns the double-quoted strings in msg, unquoted.
+func quoted(msg string) []string {
+	var out []string
+	for {
+		i := strings.IndexByte(msg, '"')
+		if i < 0 {
+			return out
+		}
+		q, err := strconv.QuotedPrefix(msg[i:])
+		if err != nil {
+			return out
+		}
+		if s, err := strconv.Unquote(q); err == nil && s != "" {
+			out = append(out, s, q[1:len(q)-1])
+		}
+		msg = msg[i+len(q):]
+	}
+}
+
+// redactURL hides a URL's password for error messages. A URL that does not
+// parse is shown with everything before its last '@' hidden.
 func redactURL(s string) string {
 	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
+	if err == nil {
+		return u.Redacted()
 	}
-	return u.Redacted()
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		scheme, rest = "", s
+	} else {
+		scheme += "://"
+	}
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		user, _, hasPw := strings.Cut(rest[:at], ":")
+		if hasPw {
+			user += ":xxxxx"
+		}
+		return scheme + user + rest[at:]
+	}
+	return s
 }
 
 // redisPoolKey identifies a client by every setting that makes it
