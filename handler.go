@@ -122,7 +122,7 @@ func (h *Handler) decideEach(w http.ResponseWriter, r *http.Request, repl *caddy
 			if z.onError == failDeny {
 				h.undo(r.Context(), results[:n], now)
 				w.Header().Set("Retry-After", "1")
-				return caddyhttp.Error(http.StatusServiceUnavailable, fmt.Errorf("rate_limit zone %s: store unavailable: %w", z.name, err))
+				return answer(w, r, http.StatusServiceUnavailable, errStoreUnavailable{zone: z.name, err: err})
 			}
 			continue // allow: this zone does not apply
 		}
@@ -215,8 +215,36 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	}
 	h.logReject(r, res, false)
 	h.emitExceeded(r, res, false)
-	return caddyhttp.Error(h.status, errRateLimited{zone: res.z.name})
+	return answer(w, r, h.status, errRateLimited{zone: res.z.name})
 }
+
+// answer ends a request the handler refuses with status. When the server
+// has handle_errors routes, it returns the error for them to shape the
+// response (and Caddy logs it at debug level). Without them it writes the
+// status itself: Caddy would log a returned 5xx at error level once per
+// request, flooding the log during a store outage that the handler already
+// logs once, and an error costs a stack trace and a random ID per request.
+func answer(w http.ResponseWriter, r *http.Request, status int, err error) error {
+	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok &&
+		(srv.Errors == nil || len(srv.Errors.Routes) == 0) {
+		w.WriteHeader(status)
+		return nil
+	}
+	return caddyhttp.Error(status, err)
+}
+
+// errStoreUnavailable is the error of a request refused because its zone's store
+// failed, with on_storage_error deny.
+type errStoreUnavailable struct {
+	zone string
+	err  error
+}
+
+func (e errStoreUnavailable) Error() string {
+	return "rate_limit zone " + e.zone + ": store unavailable: " + e.err.Error()
+}
+
+func (e errStoreUnavailable) Unwrap() error { return e.err }
 
 // setQuotaPlaceholders sets {http.rate_limit.limit} and
 // {http.rate_limit.remaining} from res, for later handlers and

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -278,4 +280,64 @@ func TestRedisMultiZoneOneScript(t *testing.T) {
 	srv.Stop()
 	resp, _ = get(t, tester, "/narrow/a", "X-Client: m")
 	check(t, "redis down", resp, "", want{200, map[string]string{"RateLimit": ""}, ""})
+}
+
+// TestRedisDenyOutageLogsOnce: with on_storage_error deny, an outage under
+// load writes a handful of error lines (the outage, the zone's throttled
+// store error), not one per 503; and handle_errors can still shape the 503.
+func TestRedisDenyOutageLogsOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	opts := strings.Replace(globalOptions, "auto_https off", "auto_https off\n\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t\tlevel INFO\n\t}", 1)
+	site := func(errors string) string {
+		return opts + `
+	localhost:9080 {
+		rate_limit {
+			zone closed {
+				key {http.request.header.X-Client}
+				rate 100/s
+				on_storage_error deny
+			}
+			storage redis {
+				addresses ` + srv.Addr + `
+				timeout 100ms
+			}
+		}
+		respond "ok"
+		` + errors + `
+	}`
+	}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(site(""), "caddyfile")
+	resp, _ := get(t, tester, "/", "X-Client: a")
+	check(t, "healthy", resp, "", want{200, nil, ""})
+
+	srv.Stop()
+	for i := 0; i < 300; i++ {
+		resp, _ := get(t, tester, "/", "X-Client: a")
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" {
+			t.Fatalf("request %d while Redis is down: status %d, Retry-After %q; want 503 and 1", i, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+	}
+	raw, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errorLines []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.Contains(line, `"level":"error"`) {
+			errorLines = append(errorLines, line)
+		}
+	}
+	// The outage (once per client) and the zone's store error (once per
+	// zone per 10s): a few lines, whatever the load.
+	if len(errorLines) > 3 {
+		t.Fatalf("300 requests during an outage logged %d error lines, want at most 3; first: %s", len(errorLines), errorLines[0])
+	}
+
+	tester.InitServer(site(`handle_errors 503 {
+			respond "store down: {err.status_code}" 503
+		}`), "caddyfile")
+	resp, body := get(t, tester, "/", "X-Client: a")
+	check(t, "handle_errors", resp, body, want{503, map[string]string{"Retry-After": "1"}, "store down: 503"})
 }
