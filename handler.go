@@ -49,10 +49,11 @@ func (r *result) charged() bool { return r.d.Allowed && r.cost > 0 }
 // allocating.
 const inlineZones = 8
 
-// ServeHTTP decides the request against every zone that applies, in order.
-// The request goes on only if every zone admits it; a rejected request is
-// charged in no zone: a store that can decides all zones in one atomic step
-// (Redis: one script), otherwise what earlier zones took is given back.
+// ServeHTTP decides the request against every zone that applies, as one
+// step: the request goes on only if every zone admits it, and a request
+// that any zone rejects is charged in no zone, not even for a moment (the
+// memory store locks every applied key's shard, Redis runs one script).
+// When the store fails, each zone's on_storage_error applies.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
@@ -76,69 +77,97 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(results) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	if len(results) > 1 && h.multi != nil {
-		if rejected, err := h.decideAll(r, results, now); err == nil {
-			if rejected >= 0 {
-				return h.reject(w, r, repl, results[:rejected+1], now)
-			}
-			return h.admit(w, r, repl, next, results, now)
+	rejected, err := h.decide(r, results, now)
+	if err != nil {
+		if results, err = h.onStoreError(results, err); err != nil {
+			w.Header().Set("Retry-After", "1")
+			return answer(w, r, http.StatusServiceUnavailable, err)
 		}
-		// The store failed; nothing was charged. Decide zone by zone, so
-		// that each zone's on_storage_error applies.
+		rejected = takeMemory(now, results)
 	}
-	return h.decideEach(w, r, repl, next, results, now)
+	h.noteDryRuns(r, results)
+	if rejected >= 0 {
+		return h.reject(w, r, repl, results, rejected, now)
+	}
+	return h.admit(w, r, repl, next, results, now)
 }
 
-// decideAll decides every applied zone at once, on a store that can do so
-// atomically (Redis), and returns the index of the rejecting zone,
-// or -1. Nothing is charged when a zone rejects or err is not nil.
-func (h *Handler) decideAll(r *http.Request, results []result, now int64) (int, error) {
-	start := results[0].z.metrics.start()
-	rejected, err := h.multi.takeAll(r.Context(), now, results)
-	if err != nil {
-		h.logStoreError(results[0].z, err)
-		return -1, err
+// decide decides every applied zone on the handler's store as one step
+// and returns the index of the first rejecting zone that is not a dry run,
+// or -1. When err is not nil, nothing was decided and nothing is charged.
+func (h *Handler) decide(r *http.Request, results []result, now int64) (rejected int, err error) {
+	start := h.storeStart()
+	switch {
+	case h.redis != nil:
+		rejected, err = h.redis.takeAll(r.Context(), now, results)
+	case h.memory:
+		rejected = takeMemory(now, results)
+	default:
+		rejected, err = takeEach(r.Context(), now, results)
 	}
+	h.storeDone(start)
+	for i := range results {
+		results[i].z.metrics.count(&results[i].d, err)
+	}
+	return rejected, err
+}
+
+// onStoreError applies each zone's on_storage_error after the store failed
+// to decide results: it returns the zones that are to be decided from this
+// instance's memory (local), dropping those that fail open (allow), or an
+// error if a zone fails closed (deny).
+func (h *Handler) onStoreError(results []result, err error) ([]result, error) {
+	n := 0
+	for i := range results {
+		z := results[i].z
+		h.logStoreError(z, err)
+		switch z.onError {
+		case failDeny:
+			return nil, errStoreUnavailable{zone: z.name, err: err}
+		case failLocal:
+			if z.mem != nil {
+				results[n] = results[i]
+				n++
+			}
+		}
+	}
+	return results[:n], nil
+}
+
+// takeEach decides results on a store that cannot decide several zones
+// as one step (a storage module of another package): zone by zone, giving
+// back what earlier zones took when one rejects or fails, so that a
+// rejected request stays charged nowhere once the decision returns. The
+// zones after a rejecting one are not consulted.
+func takeEach(ctx context.Context, now int64, results []result) (int, error) {
 	for i := range results {
 		res := &results[i]
-		res.z.metrics.decided(start, res.d.Allowed, nil)
-		if !res.d.Allowed && res.z.dryRun {
+		d, err := res.z.limiter.Take(ctx, res.key, now, res.cost)
+		if err != nil {
+			undo(ctx, results[:i], now)
+			return -1, err
+		}
+		res.d, res.limiter = d, res.z.limiter
+		if !d.Allowed && !res.z.dryRun {
+			undo(ctx, results[:i], now)
+			for j := i + 1; j < len(results); j++ {
+				results[j].d = algorithms.Decision{Allowed: true}
+			}
+			return i, nil
+		}
+	}
+	return -1, nil
+}
+
+// noteDryRuns logs and emits the rejections of dry-run zones, which let the
+// request through.
+func (h *Handler) noteDryRuns(r *http.Request, results []result) {
+	for i := range results {
+		if res := &results[i]; res.z.dryRun && !res.d.Allowed {
 			h.logReject(r, res, true)
 			h.emitExceeded(r, res, true)
 		}
 	}
-	return rejected, nil
-}
-
-// decideEach decides the applied zones one by one, in order. A zone whose
-// store fails applies its on_storage_error; when a zone rejects, what the
-// earlier zones took is given back and the request is rejected.
-func (h *Handler) decideEach(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, results []result, now int64) error {
-	n := 0 // results[:n] are the zones decided so far
-	for i := range results {
-		res := results[i]
-		z := res.z
-		if err := h.decide(r.Context(), &res, now); err != nil {
-			if z.onError == failDeny {
-				h.undo(r.Context(), results[:n], now)
-				w.Header().Set("Retry-After", "1")
-				return answer(w, r, http.StatusServiceUnavailable, errStoreUnavailable{zone: z.name, err: err})
-			}
-			continue // allow: this zone does not apply
-		}
-		results[n] = res
-		n++
-		if !res.d.Allowed {
-			if z.dryRun {
-				h.logReject(r, &res, true)
-				h.emitExceeded(r, &res, true)
-				continue
-			}
-			h.undo(r.Context(), results[:n-1], now)
-			return h.reject(w, r, repl, results[:n], now)
-		}
-	}
-	return h.admit(w, r, repl, next, results[:n], now)
 }
 
 // admit sends an admitted request on, with its headers, after the longest
@@ -155,56 +184,46 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		case <-t.C:
 		case <-r.Context().Done():
 			t.Stop()
-			h.undo(context.WithoutCancel(r.Context()), results, now)
+			h.logUndoErrors(undo(context.WithoutCancel(r.Context()), results, h.now()))
 			return caddyhttp.Error(499, fmt.Errorf("rate_limit: client went away while its request was delayed: %w", r.Context().Err()))
 		}
 	}
 	return next.ServeHTTP(w, r)
 }
 
-// decide runs res's zone decision on the zone's store, or, with
-// on_storage_error local, on this instance's memory when the store fails.
-func (h *Handler) decide(ctx context.Context, res *result, now int64) error {
-	z := res.z
-	start := z.metrics.start()
-	d, err := z.limiter.Take(ctx, res.key, now, res.cost)
-	z.metrics.decided(start, d.Allowed, err)
-	if err == nil {
-		res.d, res.limiter = d, z.limiter
-		return nil
-	}
-	h.logStoreError(z, err)
-	if z.onError != failLocal || z.local == nil {
-		return err
-	}
-	d, err = z.local.Take(ctx, res.key, now, res.cost)
-	res.d, res.limiter = d, z.local
-	return err
-}
-
-// undo gives back what the charged results took.
-func (h *Handler) undo(ctx context.Context, results []result, now int64) {
+// undo gives back what the charged results took, and returns the zone and
+// error of the last give-back that failed.
+func undo(ctx context.Context, results []result, now int64) (failed *zone, err error) {
 	for i := range results {
 		res := &results[i]
 		if !res.charged() {
 			continue
 		}
-		if err := res.limiter.Undo(ctx, res.key, now, res.cost); err != nil {
-			h.logStoreError(res.z, err)
+		if e := res.limiter.Undo(ctx, res.key, now, res.cost); e != nil {
+			failed, err = res.z, e
 		}
+	}
+	return failed, err
+}
+
+// logUndoErrors logs a give-back that failed.
+func (h *Handler) logUndoErrors(z *zone, err error) {
+	if err != nil {
+		h.logStoreError(z, err)
 	}
 }
 
-// reject answers a request that the last of results rejected.
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, results []result, now int64) error {
-	i := len(results) - 1
-	res := &results[i]
+// reject answers a request that results[rejected] rejected. Retry-After is
+// the time until every zone that applied (dry runs aside) would admit the
+// request, none if one of them never can.
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, results []result, rejected int, now int64) error {
+	res := &results[rejected]
 	retryAfter := int64(-1)
-	if res.d.Wait != algorithms.Never {
-		retryAfter = retryAfterSeconds(res.d.Wait, h.Jitter, res.z.name, res.key)
+	if wait := admitWait(results); wait != algorithms.Never {
+		retryAfter = retryAfterSeconds(wait, h.Jitter, res.z.name, res.key)
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 	}
-	h.writeHeaders(w.Header(), results, i, retryAfter, now)
+	h.writeHeaders(w.Header(), results, rejected, retryAfter, now)
 	repl.Set("http.rate_limit.zone", res.z.name)
 	repl.Set("http.rate_limit.exceeded.name", res.z.name)
 	setQuotaPlaceholders(repl, res)
@@ -218,33 +237,25 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	return answer(w, r, h.status, errRateLimited{zone: res.z.name})
 }
 
-// answer ends a request the handler refuses with status. When the server
-// has handle_errors routes, it returns the error for them to shape the
-// response (and Caddy logs it at debug level). Without them it writes the
-// status itself: Caddy would log a returned 5xx at error level once per
-// request, flooding the log during a store outage that the handler already
-// logs once, and an error costs a stack trace and a random ID per request.
-func answer(w http.ResponseWriter, r *http.Request, status int, err error) error {
-	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok &&
-		(srv.Errors == nil || len(srv.Errors.Routes) == 0) {
-		w.WriteHeader(status)
-		return nil
+// admitWait is the µs until every zone of a rejected request that is not a
+// dry run would admit it, or algorithms.Never. Each zone's wait was found
+// with nothing charged, and a zone that admits a request at some time
+// admits it at every later time while nothing else is charged, so the
+// longest wait is when they all do.
+func admitWait(results []result) int64 {
+	var wait int64
+	for i := range results {
+		d := &results[i].d
+		if results[i].z.dryRun || d.Allowed {
+			continue
+		}
+		if d.Wait == algorithms.Never {
+			return algorithms.Never
+		}
+		wait = max(wait, d.Wait)
 	}
-	return caddyhttp.Error(status, err)
+	return wait
 }
-
-// errStoreUnavailable is the error of a request refused because its zone's store
-// failed, with on_storage_error deny.
-type errStoreUnavailable struct {
-	zone string
-	err  error
-}
-
-func (e errStoreUnavailable) Error() string {
-	return "rate_limit zone " + e.zone + ": store unavailable: " + e.err.Error()
-}
-
-func (e errStoreUnavailable) Unwrap() error { return e.err }
 
 // setQuotaPlaceholders sets {http.rate_limit.limit} and
 // {http.rate_limit.remaining} from res, for later handlers and
@@ -333,3 +344,31 @@ func (h *Handler) logStoreError(z *zone, err error) {
 	h.logger.Error("rate limit store failed", zap.String("zone", z.name), zap.Error(err),
 		zap.Int64("suppressed", suppressed))
 }
+
+// answer ends a request the handler refuses with status. When the server
+// has handle_errors routes, it returns the error for them to shape the
+// response (and Caddy logs it at debug level). Without them it writes the
+// status itself: Caddy would log a returned 5xx at error level once per
+// request, flooding the log during a store outage that the handler already
+// logs once, and an error costs a stack trace and a random ID per request.
+func answer(w http.ResponseWriter, r *http.Request, status int, err error) error {
+	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil &&
+		(srv.Errors == nil || len(srv.Errors.Routes) == 0) {
+		w.WriteHeader(status)
+		return nil
+	}
+	return caddyhttp.Error(status, err)
+}
+
+// errStoreUnavailable is the error of a request refused because its zone's
+// store failed, with on_storage_error deny.
+type errStoreUnavailable struct {
+	zone string
+	err  error
+}
+
+func (e errStoreUnavailable) Error() string {
+	return "rate_limit zone " + e.zone + ": store unavailable: " + e.err.Error()
+}
+
+func (e errStoreUnavailable) Unwrap() error { return e.err }

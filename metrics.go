@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
 )
 
 // Tollgate's Prometheus metrics. Caddy gives every configuration a fresh
@@ -63,7 +65,6 @@ type zoneMetrics struct {
 	allowed      prometheus.Counter
 	rejected     prometheus.Counter // dry_run_rejected in a dry-run zone
 	storageError prometheus.Counter
-	storeSeconds prometheus.Observer
 }
 
 // metricsEnabled reports whether the configuration being provisioned has
@@ -105,7 +106,7 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 			}
 		}
 	}
-	seconds := m.storeSeconds.WithLabelValues(backendName(h.backend))
+	h.storeSeconds = m.storeSeconds.WithLabelValues(backendName(h.backend))
 	for _, z := range h.zones {
 		rejected := resultRejected
 		if z.dryRun {
@@ -115,35 +116,36 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 			allowed:      m.requests.WithLabelValues(z.name, resultAllowed),
 			rejected:     m.requests.WithLabelValues(z.name, rejected),
 			storageError: m.requests.WithLabelValues(z.name, resultStorageError),
-			storeSeconds: seconds,
 		}
 	}
 	return nil
 }
 
-// start returns when a store decision starts, on the monotonic clock, or
-// 0 when metrics are off (m is nil), which saves the clock read. It reads
-// only the monotonic clock (time.Since of a time with a monotonic
-// reading), cheaper than time.Now, which reads the wall clock as well.
-func (m *zoneMetrics) start() time.Duration {
-	if m == nil {
+// storeStart returns the time a store decision starts, for storeDone.
+func (h *Handler) storeStart() time.Duration {
+	if h.storeSeconds == nil {
 		return 0
 	}
 	return time.Since(clockBase)
 }
 
-// decided records a store decision that started at start: its latency,
-// and the zone's result. A store error counts as storage_error whatever
-// on_storage_error then decides.
-func (m *zoneMetrics) decided(start time.Duration, allowed bool, err error) {
+// storeDone records the latency of one store decision: one per request,
+// however many zones it decided.
+func (h *Handler) storeDone(start time.Duration) {
+	if h.storeSeconds != nil {
+		h.storeSeconds.Observe((time.Since(clockBase) - start).Seconds())
+	}
+}
+
+// count counts one zone's decision d, or its store's failure err.
+func (m *zoneMetrics) count(d *algorithms.Decision, err error) {
 	if m == nil {
 		return
 	}
-	m.storeSeconds.Observe((time.Since(clockBase) - start).Seconds())
 	switch {
 	case err != nil:
 		m.storageError.Inc()
-	case allowed:
+	case d.Allowed:
 		m.allowed.Inc()
 	default:
 		m.rejected.Inc()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/storage"
@@ -72,9 +73,12 @@ type Handler struct {
 	status  int
 	backend Backend
 	mem     *MemoryStorage // the default backend and on_storage_error local's
-	multi   *RedisStorage  // the backend, if it decides several zones atomically
+	memory  bool           // the backend is the memory store
+	redis   *RedisStorage  // the backend, if it is Redis
 	logger  *zap.Logger
 	now     func() int64 // µs since the Unix epoch: clock, at provision
+
+	storeSeconds prometheus.Observer // store latency; nil when metrics are off
 	stop    chan struct{}
 	events  *emitter // nil when the configuration has no events app
 }
@@ -122,9 +126,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.backend = b
 		// Held by its type, not an interface: the request's results stay
 		// on the stack only if escape analysis can see where they go.
-		h.multi, _ = b.(*RedisStorage)
+		h.redis, _ = b.(*RedisStorage)
+		_, h.memory = b.(*MemoryStorage)
 	} else {
 		h.backend = h.mem
+		h.memory = true
 	}
 
 	order, err := h.zoneOrder()

@@ -6,6 +6,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/memory"
 )
@@ -83,6 +84,27 @@ func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Errf("storage memory takes no options, got '%s'", d.Val())
 	}
 	return nil
+}
+
+// takeMemory decides results as one step on their zones' memory stores
+// (zone.mem, which every zone passed here has) and returns the index of the
+// first rejecting zone that is not a dry run, or -1.
+func takeMemory(now int64, results []result) int {
+	var rbuf [inlineZones]memory.Request
+	var dbuf [inlineZones]algorithms.Decision
+	reqs, ds := rbuf[:0], dbuf[:]
+	if len(results) > inlineZones {
+		ds = make([]algorithms.Decision, len(results))
+	}
+	for i := range results {
+		res := &results[i]
+		reqs = append(reqs, memory.Request{Store: res.z.mem, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun})
+	}
+	rejected := memory.TakeAll(now, reqs, ds)
+	for i := range results {
+		results[i].d, results[i].limiter = ds[i], results[i].z.mem
+	}
+	return rejected
 }
 
 // Interface guards.

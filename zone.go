@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
+	"github.com/caddy-tollgate/tollgate/storage/memory"
 )
 
 // Zone is one rate limit: Events per Window for each distinct resolved Key,
@@ -129,6 +130,9 @@ type zone struct {
 
 	limiter storage.Limiter
 	local   storage.Limiter // for on_storage_error local
+	// mem is the memory store the zone is decided on: its limiter on the
+	// memory backend, its local one for on_storage_error local; else nil.
+	mem *memory.Store
 
 	policy string // this zone's RateLimit-Policy item, built once
 
@@ -237,12 +241,12 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if z.limiter, err = h.backend.OpenLimiter(z.spec); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
 	}
-	if z.onError == failLocal {
-		if h.backend != Backend(h.mem) {
-			if z.local, err = h.mem.OpenLimiter(z.spec); err != nil {
-				return nil, fmt.Errorf("on_storage_error local: %w", err)
-			}
+	z.mem, _ = z.limiter.(*memory.Store)
+	if z.onError == failLocal && z.mem == nil {
+		if z.local, err = h.mem.OpenLimiter(z.spec); err != nil {
+			return nil, fmt.Errorf("on_storage_error local: %w", err)
 		}
+		z.mem, _ = z.local.(*memory.Store)
 	}
 	return z, nil
 }
