@@ -1,0 +1,95 @@
+package tollgate
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// TestGiveBackAfterTheWindowRolled is the issue's reproduction: zones shape
+// (leaky_bucket with max_delay, /slow only) and fw (fixed_window, 3 per 2s,
+// every path). A /slow request is charged in fw's window W0 and delayed by
+// shape; W1 begins and a request is admitted in it; then the delayed client
+// leaves. Its give-back belongs to W0, which fw no longer counts: W1 must
+// still admit only 3 in all, not 4.
+func TestGiveBackAfterTheWindowRolled(t *testing.T) {
+	const window = 2 * time.Second
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone shape {
+				match {
+					path /slow
+				}
+				key {http.request.header.X-Client}
+				algorithm leaky_bucket
+				events 1
+				window 10s
+				burst 1
+				max_delay 30s
+			}
+			zone fw {
+				key {http.request.header.X-Client}
+				algorithm fixed_window
+				events 3
+				window 2s
+			}
+			`+storage(t)+`
+		}
+		respond "ok"
+	}`, "caddyfile")
+			// The memory store runs on the tests' fake clock, Redis on its
+			// own: step the one, wait for the other.
+			startOfWindow := func() {
+				if name == "memory" {
+					now := fakeNow.Load()
+					w := window.Microseconds()
+					fakeNow.Store(now - now%w + w + 100_000)
+					return
+				}
+				for time.Now().UnixMicro()%window.Microseconds() > 300_000 ||
+					time.Now().UnixMicro()%window.Microseconds() < 50_000 {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			client := "X-Client: giveback-" + name
+
+			startOfWindow() // W0
+			resp, _ := get(t, tester, "/slow", client)
+			check(t, "first /slow", resp, "", want{status: 200})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/slow", nil)
+				req.Header.Set("X-Client", client[len("X-Client: "):])
+				resp, err := tester.Client.Do(req)
+				if err == nil {
+					resp.Body.Close()
+					err = fmt.Errorf("status %d", resp.StatusCode)
+				}
+				done <- err
+			}()
+			time.Sleep(300 * time.Millisecond) // it waits in shape, charged in fw's W0
+
+			startOfWindow() // W1
+			resp, _ = get(t, tester, "/fast", client)
+			check(t, "first in W1", resp, "", want{status: 200})
+			cancel() // the delayed client leaves; its charge was W0's
+			if err := <-done; err == nil || ctx.Err() == nil {
+				t.Fatalf("delayed request: %v, want it cancelled while delayed", err)
+			}
+			time.Sleep(200 * time.Millisecond) // the server sees it go and gives back
+
+			if got, want := statuses(t, tester, 3, []string{"/fast"}, client), "200 200 429 "; got != want {
+				t.Fatalf("W1 after the give-back: %q, want %q (3 per window)", got, want)
+			}
+		})
+	}
+}
