@@ -241,8 +241,12 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if z.limiter, err = h.backend.OpenLimiter(z.spec); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
 	}
+	if h.memory {
+		h.warnMemoryBound(z.spec)
+	}
 	z.mem, _ = z.limiter.(*memory.Store)
 	if z.onError == failLocal && z.mem == nil {
+		h.warnMemoryBound(z.spec)
 		if z.local, err = h.mem.OpenLimiter(z.spec); err != nil {
 			return nil, fmt.Errorf("on_storage_error local: %w", err)
 		}
