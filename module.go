@@ -79,8 +79,8 @@ type Handler struct {
 	now     func() int64 // µs since the Unix epoch: clock, at provision
 
 	storeSeconds prometheus.Observer // store latency; nil when metrics are off
-	stop    chan struct{}
-	events  *emitter // nil when the configuration has no events app
+	stop         chan struct{}
+	events       *emitter // nil when the configuration has no events app
 }
 
 // Backend is a storage module: it opens one limiter per zone. Modules in the
