@@ -38,3 +38,30 @@ func TestMemoryBoundWarning(t *testing.T) {
 		}
 	}
 }
+
+func TestMaskIP(t *testing.T) {
+	for _, c := range []struct {
+		key            string
+		v4bits, v6bits int
+		want           string
+	}{
+		{"203.0.113.7", 32, 64, "203.0.113.7"},
+		{"203.0.113.7", 24, 64, "203.0.113.0/24"},
+		{"2001:db8:1:2:3:4:5:6", 32, 64, "2001:db8:1:2::/64"},
+		{"2001:db8:1:2:3:4:5:6", 32, 128, "2001:db8:1:2:3:4:5:6"},
+		{"2001:db8:1:2:3:4:5:6", 32, 48, "2001:db8:1::/48"},
+		{"::ffff:203.0.113.7", 32, 64, "203.0.113.7"},
+		{"::ffff:203.0.113.7", 16, 64, "203.0.0.0/16"},
+		{"fe80::1%eth0", 32, 64, "fe80::/64"},
+		{"not-an-ip", 8, 8, "not-an-ip"},
+		{"", 8, 8, ""},
+		{"api-key:with:colons", 32, 64, "api-key:with:colons"},
+	} {
+		if got := maskIP(c.key, c.v4bits, c.v6bits); got != c.want {
+			t.Errorf("maskIP(%q, %d, %d) = %q, want %q", c.key, c.v4bits, c.v6bits, got, c.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { maskIP("203.0.113.7", 32, 64) }); n != 0 {
+		t.Errorf("maskIP of a whole IPv4 key: %v allocations, want 0", n)
+	}
+}

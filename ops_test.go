@@ -663,6 +663,7 @@ func TestLogsAndStoreErrors(t *testing.T) {
 				zone log_down {
 					key {http.request.header.X-Client}
 					rate 1/h
+					on_storage_error allow
 				}
 				storage tollgate_test_failing
 			}

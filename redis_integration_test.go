@@ -89,6 +89,14 @@ func TestRedisOnStorageError(t *testing.T) {
 				}
 				key {http.request.header.X-Client}
 				rate 2/h
+				on_storage_error allow
+			}
+			zone by_default {
+				match {
+					path /default
+				}
+				key {http.request.header.X-Client}
+				rate 2/h
 			}
 			zone fail_closed {
 				match {
@@ -123,6 +131,10 @@ func TestRedisOnStorageError(t *testing.T) {
 	// local: the zone is enforced from this instance's memory.
 	if got, want := statuses(t, tester, 3, []string{"/local"}, "X-Client: down"), "200 200 429 "; got != want {
 		t.Fatalf("local while Redis is down: %q, want %q", got, want)
+	}
+	// local is the default.
+	if got, want := statuses(t, tester, 3, []string{"/default"}, "X-Client: down"), "200 200 429 "; got != want {
+		t.Fatalf("no on_storage_error while Redis is down: %q, want %q (local)", got, want)
 	}
 
 	// Redis comes back (empty: no persistence): decisions go back to it.
@@ -276,10 +288,14 @@ func TestRedisMultiZoneOneScript(t *testing.T) {
 	if got := resp.Header.Get("RateLimit"); resp.StatusCode != 200 || !strings.HasPrefix(got, `"multi_wide";r=3;`) {
 		t.Fatalf("wide after rejections: %d %q, want 200 with r=3 (the rejected requests charged nothing)", resp.StatusCode, got)
 	}
-	// Redis down: each zone's on_storage_error (allow) applies, zone by zone.
+	// Redis down: each zone's on_storage_error (local, the default)
+	// applies: both zones are decided together on this instance's memory,
+	// which starts afresh.
 	srv.Stop()
 	resp, _ = get(t, tester, "/narrow/a", "X-Client: m")
-	check(t, "redis down", resp, "", want{200, map[string]string{"RateLimit": ""}, ""})
+	check(t, "redis down", resp, "", want{200, map[string]string{"RateLimit": `"multi_wide";r=4;t=720, "multi_narrow";r=0;t=3600`}, ""})
+	resp, _ = get(t, tester, "/narrow/a", "X-Client: m")
+	check(t, "redis down, narrow spent", resp, "", want{429, map[string]string{"RateLimit": `"multi_wide";r=4;t=720, "multi_narrow";r=0;t=3600`, "Retry-After": "3600"}, ""})
 }
 
 // TestRedisDenyOutageLogsOnce: with on_storage_error deny, an outage under

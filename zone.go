@@ -61,13 +61,15 @@ type Zone struct {
 	// address is masked to this many bits. Default: 32.
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
-	// IPv6Prefix groups IPv6 keys by network, e.g. 64. Default: 128.
+	// IPv6Prefix groups IPv6 keys by network: a key that is an IPv6
+	// address is masked to this many bits. Default: 64 (one host usually
+	// holds a whole /64, so a longer prefix lets it mint identities).
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// OnStorageError decides what happens when the store cannot answer in
-	// time: "allow" (the default, fail open), "deny" (503 with
-	// Retry-After: 1) or "local" (enforce the zone from this instance's
-	// memory until the store answers again).
+	// time: "local" (the default: enforce the zone from this instance's
+	// memory until the store answers again), "allow" (fail open) or "deny"
+	// (503 with Retry-After: 1).
 	OnStorageError string `json:"on_storage_error,omitempty"`
 
 	// DryRun makes the zone record its decisions without rejecting.
@@ -103,6 +105,18 @@ func (c Cost) MarshalJSON() ([]byte, error) {
 
 // defaultKey is the Caddyfile's {client_ip}.
 const defaultKey = "{http.vars.client_ip}"
+
+// defaultIPv6Prefix is ipv6_prefix when it is not set.
+const defaultIPv6Prefix = 64
+
+// capacityField names what sets a limit's capacity, for error messages.
+func capacityField(l algorithms.Limit) string {
+	switch l.Kind {
+	case algorithms.TokenBucket, algorithms.GCRA, algorithms.LeakyBucket:
+		return "burst"
+	}
+	return "events"
+}
 
 // onStorageError modes.
 const (
@@ -186,7 +200,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		z.v4bits = 32
 	}
 	if z.v6bits == 0 {
-		z.v6bits = 128
+		z.v6bits = defaultIPv6Prefix
 	}
 
 	z.defaultCost = algorithms.Milli
@@ -209,13 +223,23 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		}
 		z.cost = m
 	}
+	// A fixed cost above the capacity could never be admitted: the zone
+	// would reject every request. A template's cost is the client's, and
+	// above the capacity it is a 429 without Retry-After.
+	if capacity := limit.Capacity(); z.costTemplate == "" && z.cost > capacity {
+		return nil, fmt.Errorf("cost: %s is above the zone's capacity of %d events (%s), so no request could ever be admitted",
+			strings.TrimSpace(string(zc.Cost)), capacity/algorithms.Milli, capacityField(limit))
+	} else if zc.DefaultCost != nil && z.defaultCost > capacity {
+		return nil, fmt.Errorf("default_cost: %v is above the zone's capacity of %d events (%s), so a request that uses it could never be admitted",
+			*zc.DefaultCost, capacity/algorithms.Milli, capacityField(limit))
+	}
 
 	switch zc.OnStorageError {
-	case "", "allow":
+	case "allow":
 		z.onError = failAllow
 	case "deny":
 		z.onError = failDeny
-	case "local":
+	case "", "local":
 		z.onError = failLocal
 	default:
 		return nil, fmt.Errorf("on_storage_error: must be allow, deny or local, got %q", zc.OnStorageError)
@@ -313,8 +337,15 @@ func (z *zone) storedKey(key string) string {
 	return storage.BoundKey(key)
 }
 
-// maskIP masks key to its network if it is an IP address.
+// maskIP masks key to its network if it is an IP address: an IPv4 address
+// (also one mapped into IPv6) to v4bits, an IPv6 address to v6bits. An
+// address kept whole is returned as it is (an IPv4-mapped one unmapped),
+// without allocating for a plain IPv4 key; a masked one is written as a
+// prefix, such as "2001:db8::/64".
 func maskIP(key string, v4bits, v6bits int) string {
+	if v4bits == 32 && strings.IndexByte(key, ':') < 0 {
+		return key // not IPv6, and IPv4 kept whole
+	}
 	ip, err := netip.ParseAddr(key)
 	if err != nil {
 		return key
@@ -322,6 +353,11 @@ func maskIP(key string, v4bits, v6bits int) string {
 	bits := v6bits
 	if ip.Is4() || ip.Is4In6() {
 		ip, bits = ip.Unmap(), v4bits
+		if bits == 32 {
+			return ip.String()
+		}
+	} else if bits == 128 {
+		return key
 	}
 	p, err := ip.Prefix(bits)
 	if err != nil {
