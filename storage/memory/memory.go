@@ -1,21 +1,33 @@
 // Package memory is Tollgate's in-process store: one Store per zone, a
 // sharded map from resolved key to limiter state. A decision locks only its
-// key's shard. The store is bounded: past MaxKeys the least recently used
-// key of the shard is evicted (and counted), and Sweep forgets keys whose
-// state is fresh again, which changes no decision.
+// key's shard; TakeAll decides several zones' keys as one step by locking
+// all of their shards.
 //
-// Recency is kept to the second: a key moves to the front of its shard's
-// LRU list at most once per second. Moving it writes to its two neighbours,
-// two cache misses on a large store, and skipping that for keys already
-// moved within the second keeps a decision on 100,000 keys under 100 ns.
+// The store is bounded by MaxKeys for the whole zone: no key is evicted
+// while the zone holds fewer, and past it the zone's least recently used
+// key goes first (one LRU list for the zone, not one per shard), and is
+// counted. Sweep forgets keys whose state is fresh again, which changes no
+// decision.
+//
+// Recency is kept to the second: a key moves to the front of the zone's LRU
+// list at most once per second. Moving it takes the list's lock and writes
+// to its two neighbours, and skipping that for keys already moved within
+// the second keeps a decision on 100,000 keys cheap.
+//
+// Locks: a shard's mutex guards its map and the states of its entries; the
+// zone's LRU mutex guards the list, the count and each entry's links. The
+// order is shards (by address, when several) then the LRU; an evicted key's
+// entry is unlinked under the LRU lock and marked evicted at once, and
+// deleted from its shard's map after the locks held are released, so that
+// no goroutine ever waits for a shard while holding the LRU lock.
 package memory
 
 import (
 	"context"
 	"hash/maphash"
-	"math/bits"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
@@ -24,37 +36,43 @@ import (
 // DefaultMaxKeys is the bound on keys per zone when Zone.MaxKeys is 0.
 const DefaultMaxKeys = 1_000_000
 
-// maxShards is the most shards a store uses; fewer when MaxKeys is small,
-// so that every shard holds at least one key.
-const maxShards = 64
+// numShards is how many shards a store has.
+const numShards = 64
 
-// Store is one zone's in-memory limiter. It is safe for concurrent use.
-// Its capacity is the largest multiple of its shard count not above
-// MaxKeys, so it never holds more than MaxKeys keys.
+// Store is one zone's in-memory limiter. It is safe for concurrent use. It
+// never holds more than MaxKeys keys.
 type Store struct {
 	limit     algorithms.Limit
 	seed      maphash.Seed
-	mask      uint64
-	perShard  int
-	shards    []shard
-	keys      atomic.Int64
+	maxKeys   int64
+	shards    [numShards]shard
+	lru       lru
+	keys      atomic.Int64 // lru.n, readable without the lock
 	evictions atomic.Int64
 }
 
-// shard is a map plus an intrusive LRU list: head is the most recently
-// used entry, tail the least. Guarded by mu.
+// shard is a map of entries, guarded by mu.
 type shard struct {
+	mu sync.Mutex
+	m  map[string]*entry
+	_  [64]byte // keep shards on separate cache lines
+}
+
+// lru is the zone's list of entries, most recently used at head, and their
+// count. Guarded by mu.
+type lru struct {
 	mu         sync.Mutex
-	m          map[string]*entry
 	head, tail *entry
-	_          [64]byte // keep shards on separate cache lines
+	n          int64
+	_          [64]byte
 }
 
 type entry struct {
 	key        string
-	state      algorithms.State
-	promoted   int64 // when the entry last moved to the front, µs
-	prev, next *entry
+	state      algorithms.State // guarded by the key's shard lock
+	promoted   atomic.Int64     // when the entry last moved to the front, µs
+	evicted    atomic.Bool      // unlinked from the LRU; set under the LRU lock
+	prev, next *entry           // guarded by the LRU lock
 }
 
 // promoteEvery is how stale an entry's place in the LRU list may get: 1s.
@@ -62,21 +80,11 @@ const promoteEvery = 1_000_000
 
 // New returns an empty store for zone z.
 func New(z storage.Zone) *Store {
-	maxKeys := z.MaxKeys
+	maxKeys := int64(z.MaxKeys)
 	if maxKeys <= 0 {
 		maxKeys = DefaultMaxKeys
 	}
-	n := maxShards
-	if maxKeys < n {
-		n = 1 << (bits.Len(uint(maxKeys)) - 1) // largest power of two <= maxKeys
-	}
-	s := &Store{
-		limit:    z.Limit,
-		seed:     maphash.MakeSeed(),
-		mask:     uint64(n - 1),
-		perShard: maxKeys / n,
-		shards:   make([]shard, n),
-	}
+	s := &Store{limit: z.Limit, seed: maphash.MakeSeed(), maxKeys: maxKeys}
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*entry)
 	}
@@ -86,23 +94,45 @@ func New(z storage.Zone) *Store {
 var _ storage.Limiter = (*Store)(nil)
 
 func (s *Store) shard(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)&s.mask]
+	return &s.shards[maphash.String(s.seed, key)%numShards]
+}
+
+// lookup returns key's live entry in sh, or nil. sh.mu must be held.
+func (sh *shard) lookup(key string) *entry {
+	e := sh.m[key]
+	if e != nil && e.evicted.Load() {
+		return nil // evicted; its deletion from the map is under way
+	}
+	return e
 }
 
 // Take decides one request for key at now. It never fails.
 func (s *Store) Take(_ context.Context, key string, now, cost int64) (algorithms.Decision, error) {
 	sh := s.shard(key)
 	sh.mu.Lock()
-	e := sh.m[key]
-	if e == nil {
-		e = s.insert(sh, key, now)
-	} else if now-e.promoted >= promoteEvery || now < e.promoted {
-		sh.touch(e)
-		e.promoted = now
-	}
+	e, victim := s.get(sh, key, now)
 	d := s.limit.Take(&e.state, now, cost)
 	sh.mu.Unlock()
+	s.drop(victim)
 	return d, nil
+}
+
+// get returns key's entry in sh, inserted if it is not held (and the entry
+// it evicted for it, if any, which the caller must drop once it holds no
+// lock), or promoted in the LRU if its place is stale. sh.mu must be held.
+func (s *Store) get(sh *shard, key string, now int64) (e, victim *entry) {
+	if e = sh.lookup(key); e == nil {
+		return s.insert(sh, key, now)
+	}
+	if p := e.promoted.Load(); now-p >= promoteEvery || now < p {
+		s.lru.mu.Lock()
+		if !e.evicted.Load() {
+			s.lru.moveToFront(e)
+		}
+		s.lru.mu.Unlock()
+		e.promoted.Store(now)
+	}
+	return e, nil
 }
 
 // Undo gives back cost taken earlier for key. A key that was evicted or
@@ -110,7 +140,7 @@ func (s *Store) Take(_ context.Context, key string, now, cost int64) (algorithms
 func (s *Store) Undo(_ context.Context, key string, now, cost int64) error {
 	sh := s.shard(key)
 	sh.mu.Lock()
-	if e := sh.m[key]; e != nil {
+	if e := sh.lookup(key); e != nil {
 		s.limit.Undo(&e.state, now, cost)
 	}
 	sh.mu.Unlock()
@@ -123,7 +153,7 @@ func (s *Store) Peek(_ context.Context, key string, now int64) (algorithms.Decis
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[key]
+	e := sh.lookup(key)
 	if e == nil {
 		return algorithms.Decision{}, false, nil
 	}
@@ -135,7 +165,7 @@ func (s *Store) Reset(_ context.Context, key string) (bool, error) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[key]
+	e := sh.lookup(key)
 	if e == nil {
 		return false, nil
 	}
@@ -151,9 +181,10 @@ func (s *Store) Sweep(now int64) int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for _, e := range sh.m {
-			if s.limit.Fresh(&e.state, now) {
-				s.remove(sh, e)
-				n++
+			if e.evicted.Load() || s.limit.Fresh(&e.state, now) {
+				if s.remove(sh, e) {
+					n++
+				}
 			}
 		}
 		sh.mu.Unlock()
@@ -170,57 +201,191 @@ func (s *Store) Evictions() int64 { return s.evictions.Load() }
 // Limit returns the limit the store decides with.
 func (s *Store) Limit() algorithms.Limit { return s.limit }
 
-// insert adds a fresh entry for key at the head, evicting the least
-// recently used entry if the shard is full. sh.mu must be held.
-func (s *Store) insert(sh *shard, key string, now int64) *entry {
-	if len(sh.m) >= s.perShard && sh.tail != nil {
-		s.remove(sh, sh.tail)
+// insert adds a fresh entry for key at the head of the LRU list, and, if
+// the zone is full, evicts its least recently used entry, which it returns
+// for drop. sh.mu must be held.
+func (s *Store) insert(sh *shard, key string, now int64) (e, victim *entry) {
+	e = &entry{key: key, state: algorithms.NewState(&s.limit)}
+	e.promoted.Store(now)
+	sh.m[key] = e // replaces an evicted entry of the same key, if any
+	s.lru.mu.Lock()
+	s.lru.pushFront(e)
+	s.lru.n++
+	if s.lru.n > s.maxKeys {
+		victim = s.lru.tail
+		s.lru.unlink(victim)
+		victim.evicted.Store(true)
+		s.lru.n--
 		s.evictions.Add(1)
 	}
-	e := &entry{key: key, state: algorithms.NewState(&s.limit), promoted: now}
-	sh.m[key] = e
-	sh.pushFront(e)
-	s.keys.Add(1)
-	return e
+	s.keys.Store(s.lru.n)
+	s.lru.mu.Unlock()
+	return e, victim
 }
 
-// remove unlinks and deletes e. sh.mu must be held.
-func (s *Store) remove(sh *shard, e *entry) {
-	sh.unlink(e)
-	delete(sh.m, e.key)
-	s.keys.Add(-1)
-}
-
-// touch moves e to the head of the LRU list. sh.mu must be held.
-func (sh *shard) touch(e *entry) {
-	if sh.head == e {
+// drop deletes an evicted entry from its shard's map, unless the key has
+// been inserted again meanwhile. It must be called holding no lock.
+func (s *Store) drop(victim *entry) {
+	if victim == nil {
 		return
 	}
-	sh.unlink(e)
-	sh.pushFront(e)
+	sh := s.shard(victim.key)
+	sh.mu.Lock()
+	if sh.m[victim.key] == victim {
+		delete(sh.m, victim.key)
+	}
+	sh.mu.Unlock()
 }
 
-func (sh *shard) pushFront(e *entry) {
-	e.prev, e.next = nil, sh.head
-	if sh.head != nil {
-		sh.head.prev = e
+// remove deletes e from sh and the LRU list, and reports whether it was a
+// live (counted) key. sh.mu must be held.
+func (s *Store) remove(sh *shard, e *entry) bool {
+	delete(sh.m, e.key)
+	s.lru.mu.Lock()
+	defer s.lru.mu.Unlock()
+	if e.evicted.Load() {
+		return false
 	}
-	sh.head = e
-	if sh.tail == nil {
-		sh.tail = e
+	s.lru.unlink(e)
+	e.evicted.Store(true)
+	s.lru.n--
+	s.keys.Store(s.lru.n)
+	return true
+}
+
+// moveToFront moves e to the head of the list. l.mu must be held.
+func (l *lru) moveToFront(e *entry) {
+	if l.head == e {
+		return
+	}
+	l.unlink(e)
+	l.pushFront(e)
+}
+
+func (l *lru) pushFront(e *entry) {
+	e.prev, e.next = nil, l.head
+	if l.head != nil {
+		l.head.prev = e
+	}
+	l.head = e
+	if l.tail == nil {
+		l.tail = e
 	}
 }
 
-func (sh *shard) unlink(e *entry) {
+func (l *lru) unlink(e *entry) {
 	if e.prev != nil {
 		e.prev.next = e.next
 	} else {
-		sh.head = e.next
+		l.head = e.next
 	}
 	if e.next != nil {
 		e.next.prev = e.prev
 	} else {
-		sh.tail = e.prev
+		l.tail = e.prev
 	}
 	e.prev, e.next = nil, nil
+}
+
+// Request is one zone's part of a request decided by TakeAll.
+type Request struct {
+	// Store is the zone's store.
+	Store *Store
+	// Key is the resolved key, bounded with storage.BoundKey.
+	Key string
+	// Cost is the request's cost in milli-units.
+	Cost int64
+	// DryRun marks a zone that never rejects: its rejection does not stop
+	// the other zones, and, like every rejecting zone, it is not charged.
+	DryRun bool
+}
+
+// maxInline is how many requests TakeAll handles without allocating.
+const maxInline = 8
+
+// TakeAll decides reqs, the zones that apply to one request, as one step at
+// now: it locks every key's shard (each once, in address order, so that
+// concurrent calls cannot deadlock), checks every zone, and only if every
+// zone that is not a dry run admits the request takes in every admitting
+// zone. A check does not insert a key the store does not hold (it is
+// fresh). It writes one Decision per request into ds (len(ds) >=
+// len(reqs)) and returns the index of the first rejecting zone that is not
+// a dry run, or -1. A rejected request charges nothing anywhere, and its
+// Decisions are what each zone would decide with nothing charged.
+//
+// Each Store may appear once in reqs. A single request is decided exactly
+// as Store.Take decides it.
+func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
+	if len(reqs) == 1 {
+		r := &reqs[0]
+		ds[0], _ = r.Store.Take(context.Background(), r.Key, now, r.Cost)
+		if !ds[0].Allowed && !r.DryRun {
+			return 0
+		}
+		return -1
+	}
+	var shbuf, lockbuf [maxInline]*shard
+	shards := shbuf[:0]
+	for i := range reqs {
+		shards = append(shards, reqs[i].Store.shard(reqs[i].Key))
+	}
+	locked := lockAll(append(lockbuf[:0], shards...))
+
+	rejected := -1
+	for i := range reqs {
+		r := &reqs[i]
+		var st algorithms.State
+		if e := shards[i].lookup(r.Key); e != nil {
+			st = e.state // a copy: Peek may bring it up to date
+		} else {
+			st = algorithms.NewState(&r.Store.limit)
+		}
+		ds[i] = r.Store.limit.Peek(&st, now, r.Cost)
+		if !ds[i].Allowed && !r.DryRun && rejected < 0 {
+			rejected = i
+		}
+	}
+	var vbuf [maxInline]*entry // victims[i] was evicted from reqs[i].Store
+	victims := vbuf[:0]
+	if rejected < 0 {
+		// Decided on the same state at the same now, a take admits
+		// exactly when its check did.
+		for i := range reqs {
+			var victim *entry
+			if ds[i].Allowed {
+				r := &reqs[i]
+				var e *entry
+				e, victim = r.Store.get(shards[i], r.Key, now)
+				ds[i] = r.Store.limit.Take(&e.state, now, r.Cost)
+			}
+			victims = append(victims, victim)
+		}
+	}
+	for _, sh := range locked {
+		sh.mu.Unlock()
+	}
+	for i, v := range victims {
+		reqs[i].Store.drop(v)
+	}
+	return rejected
+}
+
+// lockAll sorts shards by address, locks each distinct one once, and
+// returns the distinct ones (a prefix of shards) for unlocking.
+func lockAll(shards []*shard) []*shard {
+	for i := 1; i < len(shards); i++ { // insertion sort: a handful of shards
+		for j := i; j > 0 && uintptr(unsafe.Pointer(shards[j])) < uintptr(unsafe.Pointer(shards[j-1])); j-- {
+			shards[j], shards[j-1] = shards[j-1], shards[j]
+		}
+	}
+	n := 0
+	for i, sh := range shards {
+		if i > 0 && sh == shards[i-1] {
+			continue
+		}
+		shards[n] = sh
+		n++
+		sh.mu.Lock()
+	}
+	return shards[:n]
 }

@@ -90,8 +90,7 @@ func TestLRUPromotesAtMostOncePerSecond(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(storage.Zone{Name: "z", Limit: l, MaxKeys: 1})
-	s.perShard = 2 // one shard of two keys, to watch the order
+	s := New(storage.Zone{Name: "z", Limit: l, MaxKeys: 2})
 	ctx := context.Background()
 	now := 100 * sec
 	s.Take(ctx, "a", now, algorithms.Milli)
@@ -114,24 +113,106 @@ func TestLRUPromotesAtMostOncePerSecond(t *testing.T) {
 	}
 }
 
-func TestLRUKeepsRecentlyUsed(t *testing.T) {
-	s := newStore(t, algorithms.TokenBucket, 1, time.Hour, 2)
-	// Find two keys in the same shard so that the shard's bound (1) applies.
-	if len(s.shards) != 2 {
-		t.Fatalf("shards = %d, want 2", len(s.shards))
-	}
-	now := 100 * sec
-	take(t, s, "a", now)
-	var other string
-	for i := 0; ; i++ {
-		other = "k" + strconv.Itoa(i)
-		if s.shard(other) == s.shard("a") {
-			break
+// sameShard returns n keys that share a shard of s.
+func sameShard(s *Store, n int) []string {
+	keys := []string{"k0"}
+	for i := 1; len(keys) < n; i++ {
+		if k := "k" + strconv.Itoa(i); s.shard(k) == s.shard(keys[0]) {
+			keys = append(keys, k)
 		}
 	}
-	take(t, s, other, now)
-	if _, ok, _ := s.Peek(context.Background(), "a", now); ok {
-		t.Fatalf("a still held after %s filled its shard", other)
+	return keys
+}
+
+// TestSmallMaxKeysKeepsLiveKeys is the reproduction: rate 1/h,
+// max_keys 100, two keys that share a shard alternating. The store used
+// to give each shard max_keys/64 keys (here one), so the two evicted each
+// other on every request and 40 of 40 passed; only 2 may.
+func TestSmallMaxKeysKeepsLiveKeys(t *testing.T) {
+	s := newStore(t, algorithms.TokenBucket, 1, time.Hour, 100)
+	keys := sameShard(s, 2)
+	admitted := 0
+	for i := 0; i < 40; i++ {
+		if take(t, s, keys[i%2], 100*sec+int64(i)).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 2 || s.Evictions() != 0 {
+		t.Fatalf("two keys alternating under max_keys 100: %d of 40 admitted, %d evictions; want 2 and 0", admitted, s.Evictions())
+	}
+}
+
+// TestNoEvictionBelowMaxKeys: a zone holds exactly max_keys keys, however
+// they fall into shards, before it evicts anything; then one key out per
+// key in.
+func TestNoEvictionBelowMaxKeys(t *testing.T) {
+	for _, maxKeys := range []int{1, 2, 63, 100, 1000} {
+		s := newStore(t, algorithms.TokenBucket, 5, time.Hour, maxKeys)
+		for i := 0; i < maxKeys; i++ {
+			take(t, s, strconv.Itoa(i), 100*sec)
+		}
+		if s.Len() != maxKeys || s.Evictions() != 0 {
+			t.Fatalf("max_keys %d, %d keys: Len %d, Evictions %d; want %d and 0", maxKeys, maxKeys, s.Len(), s.Evictions(), maxKeys)
+		}
+		for i := 0; i < 10; i++ {
+			take(t, s, "more"+strconv.Itoa(i), 100*sec)
+		}
+		if s.Len() != maxKeys || s.Evictions() != 10 {
+			t.Fatalf("max_keys %d, 10 more keys: Len %d, Evictions %d; want %d and 10", maxKeys, s.Len(), s.Evictions(), maxKeys)
+		}
+		checkConsistent(t, s)
+	}
+}
+
+// TestLRUOrderAcrossShards: the zone's least recently used key goes
+// first, whichever shard it is in.
+func TestLRUOrderAcrossShards(t *testing.T) {
+	s := newStore(t, algorithms.TokenBucket, 5, time.Hour, 50)
+	now := 100 * sec
+	for i := 0; i < 50; i++ {
+		take(t, s, strconv.Itoa(i), now)
+	}
+	// Use all but 7 and 31 again a second later: those two are now the
+	// least recently used, in order.
+	for i := 0; i < 50; i++ {
+		if i != 7 && i != 31 {
+			take(t, s, strconv.Itoa(i), now+sec)
+		}
+	}
+	take(t, s, "31", now+2*sec) // 7 is the oldest now
+	take(t, s, "new1", now+2*sec)
+	if _, ok, _ := s.Peek(context.Background(), "7", now); ok {
+		t.Fatal("7 kept, want evicted: it is the zone's least recently used key")
+	}
+	for i := 0; i < 50; i++ {
+		if _, ok, _ := s.Peek(context.Background(), strconv.Itoa(i), now); !ok && i != 7 {
+			t.Fatalf("%d evicted, want only 7 gone", i)
+		}
+	}
+}
+
+// checkConsistent checks that the LRU list, the count and the maps agree.
+func checkConsistent(t *testing.T, s *Store) {
+	t.Helper()
+	live := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.m {
+			if !e.evicted.Load() {
+				live++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	s.lru.mu.Lock()
+	defer s.lru.mu.Unlock()
+	listed := 0
+	for e := s.lru.head; e != nil; e = e.next {
+		listed++
+	}
+	if int64(live) != s.lru.n || int64(listed) != s.lru.n || s.Len() != live || int64(live) > s.maxKeys {
+		t.Fatalf("inconsistent: %d live in maps, %d listed, n %d, Len %d, max %d", live, listed, s.lru.n, s.Len(), s.maxKeys)
 	}
 }
 
