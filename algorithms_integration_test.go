@@ -36,9 +36,9 @@ func TestEveryAlgorithmThroughCaddy(t *testing.T) {
 		// At 10 min into the window: the next window starts in 50 min.
 		{"fixed_window", "3000", "3000"},
 		// Next window in 50 min, then this window's 2 events weigh
-		// floor(2000 × (1 − e/W)) milli-events, and one more fits once that
-		// is <= 1000: just before e = 30 min. 50 min + 1798.2s, rounded up.
-		{"sliding_window", "4799", "4799"},
+		// 2 × (1 − e/W) events, exactly, and one more fits once that is
+		// <= 1: at e = 30 min. 50 min + 30 min.
+		{"sliding_window", "4800", "4800"},
 	}
 	config := globalOptions + `
 	localhost:9080 {`

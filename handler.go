@@ -199,7 +199,7 @@ func undo(ctx context.Context, results []result, now int64) (failed *zone, err e
 		if !res.charged() {
 			continue
 		}
-		if e := res.limiter.Undo(ctx, res.key, now, res.cost); e != nil {
+		if e := res.limiter.Undo(ctx, res.key, now, res.cost, res.d); e != nil {
 			failed, err = res.z, e
 		}
 	}

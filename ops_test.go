@@ -605,7 +605,9 @@ type failingLimiter struct{}
 func (failingLimiter) Take(context.Context, string, int64, int64) (algorithms.Decision, error) {
 	return algorithms.Decision{}, errStoreDown
 }
-func (failingLimiter) Undo(context.Context, string, int64, int64) error { return errStoreDown }
+func (failingLimiter) Undo(context.Context, string, int64, int64, algorithms.Decision) error {
+	return errStoreDown
+}
 func (failingLimiter) Peek(context.Context, string, int64) (algorithms.Decision, bool, error) {
 	return algorithms.Decision{}, false, errStoreDown
 }

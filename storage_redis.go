@@ -338,12 +338,12 @@ func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (a
 	return d, err
 }
 
-func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64) error {
+func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error {
 	if !l.health.admit() {
 		return errRedisDown
 	}
 	c, cancel := context.WithTimeout(ctx, l.timeout)
-	err := l.inner.Undo(c, key, now, cost)
+	err := l.inner.Undo(c, key, now, cost, taken)
 	cancel()
 	l.health.observe(ctx, err)
 	return err

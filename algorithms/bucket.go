@@ -1,11 +1,12 @@
 package algorithms
 
 // The bucket family. A token bucket with capacity B refilled at r = N/W is
-// kept as its debt: the µs it needs to be full again. A fresh key has no
-// debt; a request of cost c adds inc(c) = c * W/N µs; debt drains one µs per
-// µs; a request is admitted while debt + inc(c) <= Tau = B * W/N. Read as
-// a leaky bucket, debt is the level and draining is the leak, so the two are
-// the same meter (the contract's token_bucket and leaky_bucket).
+// kept as its debt: the time it needs to be full again, in ticks of
+// 1/Scale µs. A fresh key has no debt; a request of cost c adds inc(c) = c
+// * W/N; debt drains one tick per tick; a request is admitted while debt +
+// inc(c) <= Tau = B * W/N. Read as a leaky bucket, debt is the level and
+// draining is the leak, so the two are the same meter (the contract's
+// token_bucket and leaky_bucket).
 //
 // A leaky_bucket with MaxDelay shapes instead of rejecting: a request that
 // does not fit now is admitted with a Delay of the time until it fits, its
@@ -13,68 +14,115 @@ package algorithms
 // requests queue behind it; one that would wait longer than MaxDelay is
 // rejected.
 
-// bucket decides for TokenBucket and LeakyBucket. State: At = last refill,
-// Level = debt in µs.
+// drain returns debt ticks after elapsed µs, without overflow.
+func (l *Limit) drain(debt, elapsed int64) int64 {
+	if elapsed <= 0 {
+		return debt
+	}
+	if elapsed >= l.micros(debt) {
+		return 0
+	}
+	return debt - elapsed*l.scale() // elapsed < debt/Scale + 1: no overflow
+}
+
+// bucket decides for TokenBucket and LeakyBucket. State: At = last refill
+// (µs), Level = debt in ticks.
 func (l *Limit) bucket(s *State, now, cost int64, commit bool) Decision {
 	if now < s.At {
 		now = s.At // the clock ran backwards: no time has elapsed
 	}
-	debt := s.Level - (now - s.At)
-	if debt < 0 {
-		debt = 0
-	}
+	debt := l.drain(s.Level, now-s.At)
 	s.At, s.Level = now, debt
+	return l.meter(&s.Level, now, cost, commit)
+}
 
+// meter decides cost against the debt *level (ticks) at now, adding its inc
+// when commit and admitted.
+func (l *Limit) meter(level *int64, now, cost int64, commit bool) Decision {
+	debt := *level
 	inc := l.inc(cost)
 	over := debt + inc - l.Tau
 	switch {
 	case over <= 0:
 		if commit {
-			s.Level = debt + inc
+			*level = debt + inc
 		}
-		return Decision{Allowed: true, Remaining: l.wholeUnits(l.Tau - s.Level), Reset: s.Level}
-	case l.MaxDelay > 0 && over <= l.MaxDelay:
+		return Decision{Allowed: true, Remaining: l.wholeUnits(l.Tau - *level), Reset: l.micros(*level), At: now}
+	case l.MaxDelay > 0 && over <= l.MaxDelay*l.scale():
 		if commit {
-			s.Level = debt + inc
+			*level = debt + inc
 		}
-		return Decision{Allowed: true, Remaining: 0, Reset: s.Level, Delay: over}
+		return Decision{Allowed: true, Remaining: 0, Reset: l.micros(*level), Delay: l.micros(over), At: now}
 	default:
-		return Decision{Remaining: l.wholeUnits(l.Tau - debt), Reset: debt, Wait: over - l.MaxDelay}
+		return Decision{Remaining: l.wholeUnits(l.Tau - debt), Reset: l.micros(debt), Wait: l.micros(over - l.MaxDelay*l.scale()), At: now}
 	}
 }
 
-func (l *Limit) bucketUndo(s *State, now, cost int64) {
-	l.bucket(s, now, 0, false)
-	s.Level -= l.inc(cost)
-	if s.Level < 0 {
-		s.Level = 0
+// giveBack returns the ticks of debt an Undo of inc, charged by the
+// decision taken, may give back at now from debt: what the charge still
+// holds.
+//
+// The debt with the charge and the debt without it differ by exactly inc
+// until the path without it could first reach zero (the bucket full), and
+// it cannot before the debt it had just before the charge, d0, has
+// drained; from then on the gap shrinks by at most one tick per tick. So
+// inc - max(0, elapsed - d0) never gives back more than the charge still
+// holds. d0 is bounded from below by taken.Reset, the debt right after
+// the charge rounded up to a µs. An immediate undo, or a shaped request's
+// client that leaves during its delay, gives back all of inc.
+func (l *Limit) giveBack(debt, inc, now int64, taken Decision) int64 {
+	var d0 int64
+	if taken.Reset > 0 {
+		d0 = max(0, (taken.Reset-1)*l.scale()+1-inc)
 	}
+	g := inc
+	if elapsed := now - taken.At; elapsed > 0 {
+		if elapsed > l.micros(d0+inc) {
+			return 0
+		}
+		g = inc - max(0, elapsed*l.scale()-d0)
+	}
+	return max(0, min(g, debt))
+}
+
+func (l *Limit) bucketUndo(s *State, now, cost int64, taken Decision) {
+	l.bucket(s, now, 0, false)
+	s.Level -= l.giveBack(s.Level, l.inc(cost), s.At, taken)
 }
 
 // gcra decides as bucket does, keeping only the theoretical arrival time
-// TAT = now + debt in At. With one timestamp it cannot tell a clock that ran
-// backwards from debt; it then sees more debt, so it errs towards rejecting.
+// TAT, at a tick's precision: At µs and Level ticks, 0 <= Level < Scale.
+// With one timestamp it cannot tell a clock that ran backwards from debt;
+// it then sees more debt, so it errs towards rejecting.
 func (l *Limit) gcra(s *State, now, cost int64, commit bool) Decision {
-	tat := s.At
-	if tat < now {
-		tat = now
+	debt := l.gcraDebt(s, now)
+	d := l.meter(&debt, now, cost, commit)
+	if commit && d.Allowed {
+		l.setTAT(s, now, debt)
 	}
-	debt := tat - now
-	inc := l.inc(cost)
-	over := debt + inc - l.Tau
-	if over > 0 {
-		return Decision{Remaining: l.wholeUnits(l.Tau - debt), Reset: debt, Wait: over}
-	}
-	if commit {
-		s.At = tat + inc
-		debt += inc
-	}
-	return Decision{Allowed: true, Remaining: l.wholeUnits(l.Tau - debt), Reset: debt}
+	return d
 }
 
-func (l *Limit) gcraUndo(s *State, now, cost int64) {
-	s.At -= l.inc(cost)
+// gcraDebt is the debt in ticks at now: TAT - now, or 0.
+func (l *Limit) gcraDebt(s *State, now int64) int64 {
 	if s.At < now {
-		s.At = now
+		return 0 // TAT < At + 1 <= now
 	}
+	if s.At-now > MaxSpan*4 {
+		return maxExact // a TAT far ahead (a clock that ran back): rejects
+	}
+	return (s.At-now)*l.scale() + s.Level
+}
+
+// setTAT stores TAT = now + debt ticks.
+func (l *Limit) setTAT(s *State, now, debt int64) {
+	s.At, s.Level = now+debt/l.scale(), debt%l.scale()
+}
+
+func (l *Limit) gcraUndo(s *State, now, cost int64, taken Decision) {
+	debt := l.gcraDebt(s, now)
+	if debt == 0 {
+		return
+	}
+	l.setTAT(s, now, debt-l.giveBack(debt, l.inc(cost), now, taken))
 }

@@ -11,9 +11,14 @@
 //
 // The bucket family (token bucket, GCRA, leaky bucket) keeps its state as
 // time: a full bucket is zero "debt", each request adds the time it takes the
-// bucket to refill its cost, and debt drains at one microsecond per
-// microsecond. Integer time is exact and needs no division at decision time,
-// so a Lua twin that adds and compares integers reproduces it bit for bit.
+// bucket to refill its cost, and debt drains at one tick per tick, a tick
+// being 1/Scale µs (Scale is 1 for all but fast rates, see Limit). Integer
+// time is exact and needs no division at decision time, so a Lua twin that
+// adds and compares integers reproduces it bit for bit.
+//
+// Nothing here allocates but a sliding_log's log, which grows with its
+// entries (doubling, up to events) and shrinks when it is mostly empty, so
+// that a key costs memory in proportion to what it holds.
 package algorithms
 
 import (
@@ -85,7 +90,15 @@ const (
 	// MaxLogEvents bounds events for sliding_log, which stores one
 	// timestamp per event.
 	MaxLogEvents int64 = 100_000
+	// MaxScale is the finest tick of the bucket family: 1/1024 µs.
+	MaxScale int64 = 1024
+	// maxExact bounds every value a Lua twin handles: 2^53.
+	maxExact int64 = 1 << 53
 )
+
+// precision is the least refill time of one event in ticks: rounding it up
+// to a whole tick then costs at most 1/precision (0.1%) of the rate.
+const precision = 1000
 
 // Limit is one zone's limit: Events per Window, with a bucket capacity of
 // Burst. Build it with NewLimit, which validates it and derives the
@@ -97,10 +110,15 @@ type Limit struct {
 	Burst    int64 // B, the bucket capacity in events; Events for the window algorithms
 	MaxDelay int64 // µs a leaky_bucket shaper may delay a request; 0 polices
 
-	// Unit is the refill time of one event in µs: ceil(W / N). Rounding
-	// up means the bucket family never admits more than N per W.
+	// Scale is the bucket family's ticks per µs: 1, or for a rate so fast
+	// that an event refills in under 1000 µs, the least power of two
+	// (at most MaxScale) that makes it at least 1000 ticks, so that
+	// rounding Unit up costs at most 0.1% of the rate.
+	Scale int64
+	// Unit is the refill time of one event in ticks: ceil(W * Scale / N).
+	// Rounding up means the bucket family never admits more than N per W.
 	Unit int64
-	// Tau is the bucket capacity as time: Burst * Unit.
+	// Tau is the bucket capacity as time, in ticks: Burst * Unit.
 	Tau int64
 }
 
@@ -148,21 +166,34 @@ func NewLimit(kind Kind, events int64, window time.Duration, burst int64, maxDel
 	if md > MaxSpan {
 		return Limit{}, fmt.Errorf("max_delay: must be at most %s, got %s", time.Duration(MaxSpan)*time.Microsecond, maxDelay)
 	}
-	unit := (w + events - 1) / events
 	if w/events == 0 {
 		return Limit{}, fmt.Errorf("events: %d per %s is more than one per microsecond, the finest rate Tollgate keeps per key", events, window)
 	}
+	scale := int64(1)
+	if kind == TokenBucket || kind == GCRA || kind == LeakyBucket {
+		// w/events >= 1, so w*scale < 2^60 for any scale up to 1024.
+		for w*scale/events < precision && w*scale%events != 0 && scale < MaxScale {
+			scale *= 2
+		}
+	}
+	unit := (w*scale + events - 1) / events
 	// Unit rounds W/N up, so Tau = N * Unit may pass W, and MaxSpan, by
 	// less than N µs; that is no overflow (< MaxSpan + MaxEvents). Only a
 	// burst beyond events must refill within MaxSpan.
 	hi, tau := bits.Mul64(uint64(burst), uint64(unit))
-	if burst > events && (hi != 0 || tau > uint64(MaxSpan)) {
-		return Limit{}, fmt.Errorf("burst: %d events of %s each take longer than %s to refill", burst, time.Duration(unit)*time.Microsecond, time.Duration(MaxSpan)*time.Microsecond)
+	if burst > events && (hi != 0 || tau > uint64(MaxSpan*scale)) {
+		return Limit{}, fmt.Errorf("burst: %d events of %s each take longer than %s to refill", burst, time.Duration(unit/scale)*time.Microsecond, time.Duration(MaxSpan)*time.Microsecond)
+	}
+	// A shaping bucket's debt reaches Tau + MaxDelay: with a fine tick it
+	// must stay exact in a double.
+	if scale > 1 && (tau >= uint64(maxExact/2) || md >= (maxExact/2-int64(tau))/scale) {
+		return Limit{}, fmt.Errorf("burst and max_delay: %d events per %s refill in %d/%d µs each, and a burst of %d with max_delay %s is too long to keep at that precision; lower burst or max_delay",
+			events, window, unit, scale, burst, maxDelay)
 	}
 	if kind != TokenBucket && kind != GCRA && kind != LeakyBucket && burst != events {
 		return Limit{}, fmt.Errorf("burst: %s has no bucket; its capacity is events (%d), got burst %d", kind, events, burst)
 	}
-	return Limit{Kind: kind, Events: events, Window: w, Burst: burst, MaxDelay: md, Unit: unit, Tau: int64(tau)}, nil
+	return Limit{Kind: kind, Events: events, Window: w, Burst: burst, MaxDelay: md, Scale: scale, Unit: unit, Tau: int64(tau)}, nil
 }
 
 // Capacity is the most cost, in milli-units, one request can ever be
@@ -197,14 +228,13 @@ func CostMilli(cost float64) (int64, bool) {
 // State is one key's limiter state. Its zero value is a fresh key: a full
 // bucket or an empty window. Which fields an algorithm uses:
 //
-//	token_bucket, leaky_bucket: At = last refill/leak, Level = debt in µs
-//	gcra:                       At = theoretical arrival time
+//	token_bucket, leaky_bucket: At = last refill/leak (µs), Level = debt in ticks
+//	gcra:                       the theoretical arrival time: At µs + Level ticks (0 <= Level < Scale)
 //	fixed_window:               At = window start, Level = count (milli)
 //	sliding_window:             At = window start, Level = count, Prev = previous window's count
 //	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many
 //
-// A sliding_log state needs its Log made by NewState; the others need
-// nothing.
+// A sliding_log's ring grows with its entries, from none.
 type State struct {
 	At    int64
 	Level int64
@@ -213,12 +243,9 @@ type State struct {
 	Log   []int64
 }
 
-// NewState returns a fresh state for l, with the ring a sliding_log needs.
-// This is the only allocation in the package, made once per key.
+// NewState returns a fresh state for l. It allocates nothing: a
+// sliding_log's ring grows as entries arrive.
 func NewState(l *Limit) State {
-	if l.Kind == SlidingLog {
-		return State{Log: make([]int64, l.Events)}
-	}
 	return State{}
 }
 
@@ -236,6 +263,11 @@ type Decision struct {
 	// Delay is µs an admitted request must wait before it proceeds
 	// (leaky_bucket shaping); 0 otherwise.
 	Delay int64
+	// At is the time, in µs on the store's clock, the decision was made
+	// at, as the algorithm held it (a clock that ran backwards reads as
+	// the latest time the state had seen). Undo needs it to find the
+	// window, log entries or debt a request was charged with.
+	At int64
 }
 
 // Take decides one request of cost milli-units at now and, if it is
@@ -274,22 +306,26 @@ func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
 	return Decision{Wait: Never}
 }
 
-// Undo gives back cost milli-units that an earlier Take at or before now
-// admitted, as when a later zone rejects the request or a delayed client
-// goes away. It never gives back more than was taken.
-func (l *Limit) Undo(s *State, now, cost int64) {
+// Undo gives back cost milli-units that the admitted Take whose Decision
+// is taken charged, at now, as when a delayed client goes away. It gives
+// back to where the request was charged, or nothing: a window algorithm
+// returns the cost to the window it was charged in while that window still
+// counts, a sliding_log removes the request's own entries, and the bucket
+// family gives back only what the charge still holds. It never gives back
+// more than was taken, so no undo mints quota.
+func (l *Limit) Undo(s *State, now, cost int64, taken Decision) {
 	// Nothing admitted costs more than the capacity: clamping keeps
 	// cost*Unit from overflowing for any argument.
 	cost = min(max(cost, 0), l.Capacity())
 	switch l.Kind {
 	case TokenBucket, LeakyBucket:
-		l.bucketUndo(s, now, cost)
+		l.bucketUndo(s, now, cost, taken)
 	case GCRA:
-		l.gcraUndo(s, now, cost)
+		l.gcraUndo(s, now, cost, taken)
 	case FixedWindow, SlidingWindow:
-		l.windowUndo(s, now, cost)
+		l.windowUndo(s, now, cost, taken)
 	case SlidingLog:
-		l.slidingLogUndo(s, now, cost)
+		l.slidingLogUndo(s, now, cost, taken)
 	}
 }
 
@@ -300,13 +336,26 @@ func (l *Limit) Fresh(s *State, now int64) bool {
 	return d.Reset <= 0
 }
 
-// inc is the refill time in µs of cost milli-units: ceil(cost * Unit / 1000).
-// cost <= Capacity, so cost*Unit <= Tau*1000 < 2^60.
+// inc is the refill time in ticks of cost milli-units: ceil(cost * Unit /
+// 1000). cost <= Capacity, so cost*Unit <= Tau*1000 < 2^63.
 func (l *Limit) inc(cost int64) int64 {
 	return (cost*l.Unit + Milli - 1) / Milli
 }
 
-// wholeUnits converts bucket room in µs to whole events.
+// scale is Scale, or 1 for the zero Limit.
+func (l *Limit) scale() int64 {
+	return max(l.Scale, 1)
+}
+
+// micros converts ticks to µs, rounding up.
+func (l *Limit) micros(ticks int64) int64 {
+	if ticks <= 0 {
+		return 0
+	}
+	return ceilDiv(ticks, l.scale())
+}
+
+// wholeUnits converts bucket room in ticks to whole events.
 func (l *Limit) wholeUnits(room int64) int64 {
 	if room <= 0 {
 		return 0

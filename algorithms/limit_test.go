@@ -71,21 +71,28 @@ func mustLimit(t testing.TB, kind Kind, n int64, window time.Duration, burst int
 func run(t *testing.T, l Limit, steps []step) {
 	t.Helper()
 	s := NewState(&l)
+	var taken Decision // the last admitted Take's, for Undo
 	for i, st := range steps {
 		var got Decision
 		switch st.op {
 		case take:
 			got = l.Take(&s, st.t, st.cost)
+			if got.Allowed {
+				taken = got
+			}
 		case peek:
 			got = l.Peek(&s, st.t, st.cost)
 		case undo:
-			l.Undo(&s, st.t, st.cost)
+			l.Undo(&s, st.t, st.cost, taken)
 			continue
 		case fresh:
 			if got, want := l.Fresh(&s, st.t), st.want.Allowed; got != want {
 				t.Errorf("step %d: Fresh(%s) = %t, want %t", i, at(st.t), got, want)
 			}
 			continue
+		}
+		if st.want.At == 0 {
+			got.At = 0 // the tables give At only where it matters
 		}
 		if got.Allowed != st.want.Allowed {
 			t.Errorf("step %d: %s(%s, %s) = %t, want %t", i, st.op, at(st.t), events(st.cost), got.Allowed, st.want.Allowed)
@@ -115,28 +122,43 @@ func TestNewLimit(t *testing.T) {
 		want     Limit
 	}{
 		{"defaults", TokenBucket, 10, time.Second, 0, 0,
-			Limit{Kind: TokenBucket, Events: 10, Window: sec, Burst: 10, Unit: 100 * ms, Tau: sec}},
+			Limit{Kind: TokenBucket, Events: 10, Window: sec, Burst: 10, Scale: 1, Unit: 100 * ms, Tau: sec}},
 		{"burst", TokenBucket, 10, time.Second, 50, 0,
-			Limit{Kind: TokenBucket, Events: 10, Window: sec, Burst: 50, Unit: 100 * ms, Tau: 5 * sec}},
+			Limit{Kind: TokenBucket, Events: 10, Window: sec, Burst: 50, Scale: 1, Unit: 100 * ms, Tau: 5 * sec}},
 		{"unit rounds up", GCRA, 3, time.Second, 0, 0,
-			Limit{Kind: GCRA, Events: 3, Window: sec, Burst: 3, Unit: 333_334, Tau: 1_000_002}},
+			Limit{Kind: GCRA, Events: 3, Window: sec, Burst: 3, Scale: 1, Unit: 333_334, Tau: 1_000_002}},
 		{"smaller burst", LeakyBucket, 10, time.Minute, 1, 2 * time.Second,
-			Limit{Kind: LeakyBucket, Events: 10, Window: 60 * sec, Burst: 1, MaxDelay: 2 * sec, Unit: 6 * sec, Tau: 6 * sec}},
+			Limit{Kind: LeakyBucket, Events: 10, Window: 60 * sec, Burst: 1, MaxDelay: 2 * sec, Scale: 1, Unit: 6 * sec, Tau: 6 * sec}},
 		{"window burst equal to events", FixedWindow, 5, time.Hour, 5, 0,
-			Limit{Kind: FixedWindow, Events: 5, Window: 3600 * sec, Burst: 5, Unit: 720 * sec, Tau: 3600 * sec}},
+			Limit{Kind: FixedWindow, Events: 5, Window: 3600 * sec, Burst: 5, Scale: 1, Unit: 720 * sec, Tau: 3600 * sec}},
 		{"one per microsecond", SlidingWindow, 1000, time.Millisecond, 0, 0,
-			Limit{Kind: SlidingWindow, Events: 1000, Window: ms, Burst: 1000, Unit: 1, Tau: ms}},
+			Limit{Kind: SlidingWindow, Events: 1000, Window: ms, Burst: 1000, Scale: 1, Unit: 1, Tau: ms}},
 		{"largest log", SlidingLog, MaxLogEvents, time.Minute, 0, 0,
-			Limit{Kind: SlidingLog, Events: MaxLogEvents, Window: 60 * sec, Burst: MaxLogEvents, Unit: 600, Tau: 60 * sec}},
+			Limit{Kind: SlidingLog, Events: MaxLogEvents, Window: 60 * sec, Burst: MaxLogEvents, Scale: 1, Unit: 600, Tau: 60 * sec}},
 		{"largest", TokenBucket, MaxEvents, time.Duration(MaxSpan) * time.Microsecond, 0, 0,
-			Limit{Kind: TokenBucket, Events: MaxEvents, Window: MaxSpan, Burst: MaxEvents, Unit: 1 << 10, Tau: MaxSpan}},
+			Limit{Kind: TokenBucket, Events: MaxEvents, Window: MaxSpan, Burst: MaxEvents, Scale: 1, Unit: 1 << 10, Tau: MaxSpan}},
 		// Unit rounds up, so Tau passes MaxSpan a little: still accepted.
 		{"longest window, default burst", TokenBucket, 10, time.Duration(MaxSpan) * time.Microsecond, 0, 0,
-			Limit{Kind: TokenBucket, Events: 10, Window: MaxSpan, Burst: 10, Unit: 112_589_990_684_263, Tau: 1_125_899_906_842_630}},
+			Limit{Kind: TokenBucket, Events: 10, Window: MaxSpan, Burst: 10, Scale: 1, Unit: 112_589_990_684_263, Tau: 1_125_899_906_842_630}},
 		{"longest window, largest log", SlidingLog, MaxLogEvents, time.Duration(MaxSpan) * time.Microsecond, 0, 0,
-			Limit{Kind: SlidingLog, Events: MaxLogEvents, Window: MaxSpan, Burst: MaxLogEvents, Unit: 11_258_999_069, Tau: 1_125_899_906_900_000}},
+			Limit{Kind: SlidingLog, Events: MaxLogEvents, Window: MaxSpan, Burst: MaxLogEvents, Scale: 1, Unit: 11_258_999_069, Tau: 1_125_899_906_900_000}},
 		{"sub-microsecond window truncated", FixedWindow, 1, 1500 * time.Nanosecond, 0, 0,
-			Limit{Kind: FixedWindow, Events: 1, Window: 1, Burst: 1, Unit: 1, Tau: 1}},
+			Limit{Kind: FixedWindow, Events: 1, Window: 1, Burst: 1, Scale: 1, Unit: 1, Tau: 1}},
+		// Fast rates keep the bucket's debt in ticks of 1/Scale µs, so that
+		// rounding an event's refill time up costs at most 0.1%: 300000/s
+		// is 3.33µs an event, 1707 ticks of 1/512µs (was 4µs: 250000/s).
+		{"300000/s", TokenBucket, 300_000, time.Second, 0, 0,
+			Limit{Kind: TokenBucket, Events: 300_000, Window: sec, Burst: 300_000, Scale: 512, Unit: 1707, Tau: 300_000 * 1707}},
+		{"999999/s", GCRA, 999_999, time.Second, 0, 0,
+			Limit{Kind: GCRA, Events: 999_999, Window: sec, Burst: 999_999, Scale: 1024, Unit: 1025, Tau: 999_999 * 1025}},
+		{"exact needs no ticks", LeakyBucket, 500_000, time.Second, 0, 0,
+			Limit{Kind: LeakyBucket, Events: 500_000, Window: sec, Burst: 500_000, Scale: 1, Unit: 2, Tau: sec}},
+		{"1000/s is exact", TokenBucket, 1000, time.Second, 0, 0,
+			Limit{Kind: TokenBucket, Events: 1000, Window: sec, Burst: 1000, Scale: 1, Unit: 1000, Tau: sec}},
+		{"999/s", TokenBucket, 999, time.Second, 0, 0,
+			Limit{Kind: TokenBucket, Events: 999, Window: sec, Burst: 999, Scale: 1, Unit: 1002, Tau: 999 * 1002}},
+		{"window kinds keep µs", SlidingWindow, 300_000, time.Second, 0, 0,
+			Limit{Kind: SlidingWindow, Events: 300_000, Window: sec, Burst: 300_000, Scale: 1, Unit: 4, Tau: 1_200_000}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -328,7 +350,7 @@ func TestOverCapacity(t *testing.T) {
 			s := NewState(&l)
 			for i, cost := range []int64{4001, 5000, math.MaxInt64 / 4, 4001} {
 				d := l.Take(&s, t0, cost)
-				want := Decision{Remaining: 4, Wait: Never}
+				want := Decision{Remaining: 4, Wait: Never, At: t0}
 				if d != want {
 					t.Errorf("step %d: Take(t0, %s) = %+v, want %+v", i, events(cost), d, want)
 				}
@@ -351,7 +373,7 @@ func TestZeroLimit(t *testing.T) {
 	if d := l.Take(&s, t0, 1); d.Allowed || d.Wait != Never {
 		t.Errorf("zero Limit: Take(t0, 0.001) = %+v, want rejected with Wait Never", d)
 	}
-	l.Undo(&s, t0, 1)
+	l.Undo(&s, t0, 1, Decision{})
 	if !l.Fresh(&s, t0) {
 		t.Errorf("zero Limit: Fresh(t0) = false, want true")
 	}
@@ -412,14 +434,16 @@ func TestHuge(t *testing.T) {
 				{late + 2*MaxSpan, capacity, true},
 				{late + 4*MaxSpan, 1, true},
 			}
+			var last Decision
 			for i, st := range steps {
 				d := l.Take(&s, st.now, st.cost)
 				check(i, st.now, st.cost, d)
 				if d.Allowed != st.allowed {
 					t.Errorf("step %d: Take(%s, %s) = %t, want %t", i, at(st.now), events(st.cost), d.Allowed, st.allowed)
 				}
+				last = d
 			}
-			l.Undo(&s, late+4*MaxSpan, 1)
+			l.Undo(&s, late+4*MaxSpan, 1, last)
 			if !l.Fresh(&s, late+4*MaxSpan) {
 				t.Errorf("Fresh after Undo of the only request = false, want true")
 			}
@@ -435,7 +459,7 @@ func TestAllocs(t *testing.T) {
 		allocs := testing.AllocsPerRun(1000, func() {
 			now += 3 * ms
 			if d := l.Take(&s, now, 1500); d.Allowed {
-				l.Undo(&s, now, 500)
+				l.Undo(&s, now, 500, d)
 			}
 			l.Peek(&s, now, Milli)
 			l.Fresh(&s, now)
@@ -456,10 +480,11 @@ func TestUndoClampsCost(t *testing.T) {
 		}
 		s := NewState(&l)
 		now := int64(1_000_000_000)
+		var d Decision
 		for i := 0; i < 3; i++ {
-			l.Take(&s, now, Milli)
+			d = l.Take(&s, now, Milli)
 		}
-		l.Undo(&s, now, math.MaxInt64)
+		l.Undo(&s, now, math.MaxInt64, d)
 		if d := l.Peek(&s, now, 0); d.Remaining != 3 || d.Reset != 0 {
 			t.Errorf("%s: after Undo(MaxInt64): Remaining %d, Reset %d; want 3, 0 (fresh, not overflowed)", kind, d.Remaining, d.Reset)
 		}

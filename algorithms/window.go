@@ -1,6 +1,9 @@
 package algorithms
 
-import "math"
+import (
+	"math"
+	"math/bits"
+)
 
 // The window family counts cost in milli-units against Events * Milli.
 // Windows are aligned to multiples of W since the Unix epoch, so every
@@ -32,12 +35,12 @@ func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool) Decision {
 	limit := l.Events * Milli
 	toNext := s.At + l.Window - now
 	if s.Level+cost > limit {
-		return Decision{Remaining: (limit - s.Level) / Milli, Reset: toNext, Wait: toNext}
+		return Decision{Remaining: (limit - s.Level) / Milli, Reset: toNext, Wait: toNext, At: now}
 	}
 	if commit {
 		s.Level += cost
 	}
-	d := Decision{Allowed: true, Remaining: (limit - s.Level) / Milli}
+	d := Decision{Allowed: true, Remaining: (limit - s.Level) / Milli, At: now}
 	if s.Level > 0 {
 		d.Reset = toNext
 	}
@@ -46,9 +49,10 @@ func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool) Decision {
 
 // slidingWindow: At = window start, Level = this window's count, Prev = the
 // previous window's. The previous count weighs in proportion to how much of
-// the sliding window still overlaps it: prev * (W - elapsed) / W, floored.
-// The weight is computed in float64 in the order a Lua twin computes it,
-// (prev * (W - e)) / W, so both round alike.
+// the sliding window still overlaps it, prev * (W - elapsed) / W, and a
+// request of cost c is admitted exactly when that weight plus Level plus c
+// is at most N: the products are compared exactly, in 128 bits (the Lua
+// twin compares them in 26-bit limbs), so that no rounding admits more.
 func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 	now = l.roll(s, now)
 	limit := l.Events * Milli
@@ -60,6 +64,7 @@ func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 			Remaining: max(0, limit-weighted-s.Level) / Milli,
 			Reset:     l.slidingReset(s, toNext),
 			Wait:      l.slidingWait(s, e, cost),
+			At:        now,
 		}
 	}
 	if commit {
@@ -69,6 +74,7 @@ func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 		Allowed:   true,
 		Remaining: (limit - weighted - s.Level) / Milli,
 		Reset:     l.slidingReset(s, toNext),
+		At:        now,
 	}
 }
 
@@ -83,10 +89,42 @@ func (l *Limit) slidingReset(s *State, toNext int64) int64 {
 }
 
 // weight is the previous window's count prev as it weighs toNext µs before
-// the current window ends: floor((prev * toNext) / W), in float64 in the
-// order the Lua twin computes it.
+// the current window ends: ceil(prev * toNext / W), exactly. Since the
+// count is whole, weight + level + cost <= limit holds exactly when
+// prev * toNext / W + level + cost <= limit does.
 func (l *Limit) weight(prev, toNext int64) int64 {
-	return int64(math.Floor(float64(prev) * float64(toNext) / float64(l.Window)))
+	if prev <= 0 || toNext <= 0 {
+		return 0
+	}
+	// A float estimate, corrected by exact comparisons (the Lua twin
+	// corrects its own estimate the same way, so both end on the one
+	// exact answer).
+	q := int64(math.Ceil(float64(prev) * float64(toNext) / float64(l.Window)))
+	for q > 0 && mulCmp(q-1, l.Window, prev, toNext) >= 0 {
+		q--
+	}
+	for mulCmp(q, l.Window, prev, toNext) < 0 {
+		q++
+	}
+	return q
+}
+
+// mulCmp compares a*b with c*d, for non-negative arguments, exactly.
+func mulCmp(a, b, c, d int64) int {
+	h1, l1 := bits.Mul64(uint64(a), uint64(b))
+	h2, l2 := bits.Mul64(uint64(c), uint64(d))
+	switch {
+	case h1 != h2:
+		if h1 < h2 {
+			return -1
+		}
+		return 1
+	case l1 < l2:
+		return -1
+	case l1 > l2:
+		return 1
+	}
+	return 0
 }
 
 // slidingWait is the µs until a rejected request of cost fits: until the
@@ -105,16 +143,14 @@ func (l *Limit) slidingWait(s *State, e, cost int64) int64 {
 }
 
 // decayed returns the least elapsed time e' in [lo, W] at which
-// weight(prev, W - e') <= room, for room >= 0. It searches rather than
-// solving prev * (W - e') / W <= room: the weight is floored and rounded
-// as a float, so only the expression the decision itself evaluates gives the
-// exact answer. The weight never grows with e', and at most 51 steps are
+// prev * (W - e') <= room * W, that is weight(prev, W - e') <= room, for
+// room >= 0. The weight never grows with e', and at most 51 steps are
 // taken (W <= 2^50).
 func (l *Limit) decayed(prev, room, lo int64) int64 {
 	hi := l.Window
 	for lo < hi {
 		mid := lo + (hi-lo)/2
-		if l.weight(prev, l.Window-mid) <= room {
+		if mulCmp(prev, l.Window-mid, room, l.Window) <= 0 {
 			hi = mid
 		} else {
 			lo = mid + 1
@@ -123,61 +159,121 @@ func (l *Limit) decayed(prev, room, lo int64) int64 {
 	return lo
 }
 
-// windowUndo gives cost back to the window it was taken from: this one, or
-// the previous one if the window has rolled once since.
-func (l *Limit) windowUndo(s *State, now, cost int64) {
-	before := s.At
+// windowUndo gives cost back to the window the decision taken charged it
+// in, if the state still counts that window: as this window's count, or
+// (sliding_window) as the previous one's. Cost charged in a window that no
+// longer counts is forgotten already; giving it to a later window would
+// mint quota.
+func (l *Limit) windowUndo(s *State, now, cost int64, taken Decision) {
 	l.roll(s, now)
+	charged := taken.At - taken.At%l.Window
 	switch {
-	case s.At == before:
+	case charged == s.At:
 		s.Level = max(0, s.Level-cost)
-	case s.At-before == l.Window:
+	case charged == s.At-l.Window && l.Kind == SlidingWindow:
 		s.Prev = max(0, s.Prev-cost)
 	}
 }
 
-// slidingLog keeps the admission times of the last N events in a ring:
-// Log[Head] is the oldest, Level how many there are. A request of cost c
-// counts ceil(c) events (the log holds whole events) and is admitted when
-// the events in (now - W, now] plus ceil(c) are at most N.
+// slidingLog keeps the admission times of the events in the window in a
+// ring, oldest first: Log[Head] is the oldest, Level how many there are. A
+// request of cost c counts ceil(c) events (the log holds whole events) and
+// is admitted when the events in (now - W, now] plus ceil(c) are at most
+// N. The ring grows with the entries, doubling up to N, and halves when
+// at most a quarter full, so that a key holds memory in proportion to
+// its events.
 func (l *Limit) slidingLog(s *State, now, cost int64, commit bool) Decision {
 	n := l.Events
-	if int64(len(s.Log)) != n {
-		*s = NewState(l) // defensive: a store should have made the ring
-	}
 	if s.Level > 0 {
-		if newest := s.Log[(s.Head+s.Level-1)%n]; now < newest {
+		if newest := s.entry(s.Level - 1); now < newest {
 			now = newest // the clock ran backwards: no time has elapsed
 		}
 	}
 	for s.Level > 0 && s.Log[s.Head] <= now-l.Window {
-		s.Head = (s.Head + 1) % n
+		s.Head = (s.Head + 1) % int64(len(s.Log))
 		s.Level--
 	}
 	k := ceilDiv(cost, Milli)
 	if s.Level+k > n {
 		need := s.Level + k - n
-		oldest := s.Log[(s.Head+need-1)%n]
 		return Decision{
 			Remaining: n - s.Level,
-			Reset:     s.Log[(s.Head+s.Level-1)%n] + l.Window - now,
-			Wait:      oldest + l.Window - now,
+			Reset:     s.entry(s.Level-1) + l.Window - now,
+			Wait:      s.entry(need-1) + l.Window - now,
+			At:        now,
 		}
 	}
-	if commit {
+	if commit && k > 0 {
+		s.resize(s.Level+k, n)
 		for i := int64(0); i < k; i++ {
-			s.Log[(s.Head+s.Level)%n] = now
+			s.Log[(s.Head+s.Level)%int64(len(s.Log))] = now
 			s.Level++
 		}
+	} else if commit {
+		s.resize(s.Level, n)
 	}
-	d := Decision{Allowed: true, Remaining: n - s.Level}
+	d := Decision{Allowed: true, Remaining: n - s.Level, At: now}
 	if s.Level > 0 {
-		d.Reset = s.Log[(s.Head+s.Level-1)%n] + l.Window - now
+		d.Reset = s.entry(s.Level-1) + l.Window - now
 	}
 	return d
 }
 
-func (l *Limit) slidingLogUndo(s *State, now, cost int64) {
+// entry is the i-th oldest entry of a sliding_log's ring.
+func (s *State) entry(i int64) int64 {
+	return s.Log[(s.Head+i)%int64(len(s.Log))]
+}
+
+// minLog is the smallest ring a sliding_log keeps once it has entries.
+const minLog = 4
+
+// resize makes the ring's capacity fit need entries (at most n): doubled
+// when it is too small, halved when need is at most a quarter of it. The
+// entries keep their order, the oldest at Head = 0.
+func (s *State) resize(need, n int64) {
+	c := int64(len(s.Log))
+	newCap := c
+	switch {
+	case need > c:
+		newCap = min(n, max(minLog, 2*c, need))
+	case c > minLog && need <= c/4:
+		newCap = max(minLog, c/2)
+	}
+	if newCap == c {
+		return
+	}
+	log := make([]int64, newCap)
+	for i := int64(0); i < s.Level; i++ {
+		log[i] = s.entry(i)
+	}
+	s.Log, s.Head = log, 0
+}
+
+// slidingLogUndo removes up to ceil(cost) entries made at taken.At, the
+// request's own (entries of one time are interchangeable), if they are
+// still in the log. It drops nothing else: an entry that has expired for
+// now may count again for a clock that runs backwards.
+func (l *Limit) slidingLogUndo(s *State, now, cost int64, taken Decision) {
 	k := ceilDiv(cost, Milli)
-	s.Level = max(0, s.Level-k)
+	c := int64(len(s.Log))
+	// Entries only grow along the ring: find the run at taken.At and close
+	// the gap by moving the newer entries down.
+	first := int64(-1)
+	for i := int64(0); i < s.Level; i++ {
+		if s.entry(i) == taken.At {
+			first = i
+			break
+		}
+	}
+	if first < 0 {
+		return
+	}
+	run := int64(0)
+	for first+run < s.Level && run < k && s.entry(first+run) == taken.At {
+		run++
+	}
+	for i := first + run; i < s.Level; i++ {
+		s.Log[(s.Head+i-run)%c] = s.entry(i)
+	}
+	s.Level -= run
 }

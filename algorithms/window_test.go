@@ -42,16 +42,17 @@ func TestSlidingWindow(t *testing.T) {
 		0: {take, t0 + 500*ms, 2000, Decision{Allowed: true, Remaining: 2, Reset: 1500 * ms}},
 		1: {take, t0 + 750*ms, 2000, Decision{Allowed: true, Remaining: 0, Reset: 1250 * ms}},
 		// Full for the rest of this window. In the next one 4 weighs
-		// floor(4000 * (W - e) / W) milli-units, which is <= 3500 once
-		// W - e < 875250µs: at e = 124751µs, 374751µs from now.
-		2: {take, t0 + 750*ms, 500, Decision{Remaining: 0, Reset: 1250 * ms, Wait: 374_751}},
-		3: {peek, t0 + sec + 124_750, 500, Decision{Remaining: 0, Reset: 875_250, Wait: 1}},
-		4: {peek, t0 + sec + 124_751, 500, Decision{Allowed: true, Remaining: 0, Reset: 875_249}},
+		// 4000 * (W - e) / W milli-units, exactly, which is <= 3500 once
+		// W - e <= 875000µs: at e = 125000µs, 375000µs from now. (A
+		// floored weight would admit 249µs early, at 3500.996.)
+		2: {take, t0 + 750*ms, 500, Decision{Remaining: 0, Reset: 1250 * ms, Wait: 375_000}},
+		3: {peek, t0 + sec + 124_999, 500, Decision{Remaining: 0, Reset: 875_001, Wait: 1}},
+		4: {peek, t0 + sec + 125_000, 500, Decision{Allowed: true, Remaining: 0, Reset: 875_000}},
 		// At e = 250ms the previous window weighs 3: room for 1.
 		5: {take, t0 + 1250*ms, 1000, Decision{Allowed: true, Remaining: 0, Reset: 1750 * ms}},
 		// 0.5 more fits once the previous window weighs <= 2.5, at
-		// e = 374751µs (floor(4000 * 625249 / 10^6) = 2500).
-		6: {take, t0 + 1250*ms, 500, Decision{Remaining: 0, Reset: 1750 * ms, Wait: 124_751}},
+		// e = 375000µs (4000 * 625000 / 10^6 = 2500).
+		6: {take, t0 + 1250*ms, 500, Decision{Remaining: 0, Reset: 1750 * ms, Wait: 125_000}},
 		7: {take, t0 + 1500*ms, 500, Decision{Allowed: true, Remaining: 0, Reset: 1500 * ms}},
 		8: {undo, t0 + 1500*ms, 500, Decision{}},
 		9: {peek, t0 + 1500*ms, 1000, Decision{Allowed: true, Remaining: 1, Reset: 1500 * ms}},
@@ -65,7 +66,7 @@ func TestSlidingWindow(t *testing.T) {
 		// the previous window still weighs all 4. Without a last reading
 		// in its state, the sliding window errs towards rejecting, as gcra
 		// does, even for a request that costs nothing.
-		15: {take, t0 + 3900*ms, 0, Decision{Remaining: 0, Reset: 2 * sec, Wait: 249_751}},
+		15: {take, t0 + 3900*ms, 0, Decision{Remaining: 0, Reset: 2 * sec, Wait: 250_000}},
 		16: {take, t0 + 4250*ms, 0, Decision{Allowed: true, Remaining: 0, Reset: 1750 * ms}},
 		// Undo after the window rolled gives back to the previous window.
 		17: {undo, t0 + 5*sec, 1000, Decision{}},

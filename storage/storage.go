@@ -30,8 +30,9 @@ type Zone struct {
 type Limiter interface {
 	// Take decides one request of cost for key and charges it if admitted.
 	Take(ctx context.Context, key string, now, cost int64) (algorithms.Decision, error)
-	// Undo gives back cost that an earlier Take for key admitted.
-	Undo(ctx context.Context, key string, now, cost int64) error
+	// Undo gives back cost that the Take for key whose Decision is taken
+	// admitted, to where it was charged (see algorithms.Limit.Undo).
+	Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error
 	// Peek reports key's state as the decision for one event would see it,
 	// charging nothing; ok is false for a key the store does not hold.
 	Peek(ctx context.Context, key string, now int64) (d algorithms.Decision, ok bool, err error)

@@ -135,13 +135,14 @@ func (s *Store) get(sh *shard, key string, now int64) (e, victim *entry) {
 	return e, nil
 }
 
-// Undo gives back cost taken earlier for key. A key that was evicted or
-// swept meanwhile has nothing to give back.
-func (s *Store) Undo(_ context.Context, key string, now, cost int64) error {
+// Undo gives back cost that the Take for key whose Decision is taken
+// charged, to where it was charged (see algorithms.Limit.Undo). A key that
+// was evicted or swept meanwhile has nothing to give back.
+func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algorithms.Decision) error {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	if e := sh.lookup(key); e != nil {
-		s.limit.Undo(&e.state, now, cost)
+		s.limit.Undo(&e.state, now, cost, taken)
 	}
 	sh.mu.Unlock()
 	return nil

@@ -244,8 +244,8 @@ func TestResetAndUndo(t *testing.T) {
 	s := newStore(t, algorithms.TokenBucket, 1, time.Hour, 0)
 	ctx := context.Background()
 	now := 100 * sec
-	take(t, s, "a", now)
-	if err := s.Undo(ctx, "a", now, algorithms.Milli); err != nil {
+	d := take(t, s, "a", now)
+	if err := s.Undo(ctx, "a", now, algorithms.Milli, d); err != nil {
 		t.Fatal(err)
 	}
 	if !take(t, s, "a", now).Allowed {
@@ -260,7 +260,7 @@ func TestResetAndUndo(t *testing.T) {
 	if !take(t, s, "a", now).Allowed {
 		t.Fatal("Take after Reset = false, want true")
 	}
-	if err := s.Undo(ctx, "missing", now, algorithms.Milli); err != nil {
+	if err := s.Undo(ctx, "missing", now, algorithms.Milli, d); err != nil {
 		t.Fatalf("Undo(missing) = %v, want nil", err)
 	}
 }

@@ -1,8 +1,58 @@
 -- bucket.lua: token_bucket and leaky_bucket, the twin of Limit.bucket.
--- The state is a hash {at = last refill, level = debt in µs}.
--- x = inc(cost) in µs; c1 tau, c2 unit, c3 max delay (0 polices; > 0
--- shapes).
-local function bucket(key, op, now, x, tau, unit, maxdelay)
+-- The state is a hash {at = last refill in µs, level = debt in ticks of
+-- 1/scale µs}.
+-- x = inc(cost) in ticks; c1 tau (ticks), c2 unit (ticks), c3 max delay
+-- (µs; 0 polices, > 0 shapes), c4 scale (ticks per µs).
+
+-- drain is Limit.drain: debt ticks after elapsed µs.
+local function drain(debt, elapsed, scale)
+	if elapsed <= 0 then
+		return debt
+	end
+	if elapsed >= micros(debt, scale) then
+		return 0
+	end
+	return debt - elapsed * scale
+end
+
+-- meter is Limit.meter: the decision of x against debt at now; it returns
+-- the decision and the new debt.
+local function meter(debt, now, x, commit, tau, unit, maxdelay, scale)
+	local level = debt
+	local over = debt + x - tau
+	if over <= 0 then
+		if commit then
+			level = debt + x
+		end
+		return {1, units(tau - level, unit), micros(level, scale), 0, 0, now}, level
+	elseif maxdelay > 0 and over <= maxdelay * scale then
+		if commit then
+			level = debt + x
+		end
+		return {1, 0, micros(level, scale), 0, micros(over, scale), now}, level
+	end
+	return {0, units(tau - debt, unit), micros(debt, scale), micros(over - maxdelay * scale, scale), 0, now}, level
+end
+
+-- giveback is Limit.giveBack: what an undo of x, charged by the decision
+-- that reported ta and tr, may give back from debt at now.
+local function giveback(debt, x, now, ta, tr, scale)
+	local d0 = 0
+	if tr > 0 then
+		d0 = math.max(0, (tr - 1) * scale + 1 - x)
+	end
+	local g = x
+	local elapsed = now - ta
+	if elapsed > 0 then
+		if elapsed > micros(d0 + x, scale) then
+			return 0
+		end
+		g = x - math.max(0, elapsed * scale - d0)
+	end
+	return math.max(0, math.min(g, debt))
+end
+
+local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 	local commit, write, never = mode(op)
 	local raw = now
 	local s = redis.call('HMGET', key, 'at', 'level')
@@ -15,43 +65,24 @@ local function bucket(key, op, now, x, tau, unit, maxdelay)
 	if now < at then
 		now = at -- the clock ran backwards: no time has elapsed
 	end
-	local debt = level - (now - at)
-	if debt < 0 then
-		debt = 0
-	end
+	local debt = drain(level, now - at, scale)
 	at, level = now, debt
 
 	if op == 'u' then
-		level = level - x
-		if level < 0 then
-			level = 0
-		end
-		save(key, level, now - raw, 'at', int(at), 'level', int(level))
+		level = level - giveback(level, x, now, ta, tr, scale)
+		save(key, micros(level, scale), now - raw, 'at', int(at), 'level', int(level))
 		return nil
 	end
 
-	local allowed, remaining, reset, wait, delay = 0, 0, 0, 0, 0
-	local over = debt + x - tau
-	if over <= 0 then
-		if commit then
-			level = debt + x
-		end
-		allowed, remaining, reset = 1, units(tau - level, unit), level
-	elseif maxdelay > 0 and over <= maxdelay then
-		if commit then
-			level = debt + x
-		end
-		allowed, reset, delay = 1, level, over
-	else
-		remaining, reset, wait = units(tau - debt, unit), debt, over - maxdelay
-	end
+	local d
+	d, level = meter(debt, now, x, commit, tau, unit, maxdelay, scale)
 	if never then
-		allowed, wait, delay = 0, -1, 0
+		d[1], d[4], d[5] = 0, -1, 0
 	end
 	if write then
-		save(key, level, now - raw, 'at', int(at), 'level', int(level))
+		save(key, micros(level, scale), now - raw, 'at', int(at), 'level', int(level))
 	end
-	return {allowed, remaining, reset, wait, delay}
+	return d
 end
 algs.tb = bucket
 algs.lb = bucket

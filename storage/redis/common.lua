@@ -7,7 +7,8 @@
 -- constant, so that the Lua only adds, compares and divides integers below
 -- 2^53, which doubles hold exactly.
 --
--- A decision function is called as f(key, op, now, x, c1, c2, c3):
+-- A decision function is called as f(key, op, now, x, ta, tr, c1, c2, c3,
+-- c4):
 --
 -- op:  't' take; 'r' reject (cost above capacity: decide for cost 0,
 --      charge nothing, report Wait -1); 'p' peek (read only; nil for a
@@ -16,10 +17,13 @@
 --      above capacity (as 'r', read only); 'u' undo (returns nil)
 -- now: µs since the Unix epoch, as the script read it
 -- x:   the request's cost as the algorithm counts it
--- c1, c2, c3: the algorithm's constants (unused ones are 0)
+-- ta, tr: for an undo, the At and Reset of the decision that charged what
+--      is given back (0 otherwise)
+-- c1, c2, c3, c4: the algorithm's constants (unused ones are 0)
 --
--- and returns {allowed, remaining, reset, wait, delay} as integers. Only
--- 't', 'r' and 'u' write.
+-- and returns {allowed, remaining, reset, wait, delay, at} as integers,
+-- at being the now it decided at (held when the clock ran backwards).
+-- Only 't', 'r' and 'u' write.
 
 -- Redis before 5 replicated scripts verbatim and refused writes after TIME.
 if redis.replicate_commands then
@@ -78,6 +82,24 @@ local function units(room, unit)
 		return 0
 	end
 	return quo(room, unit)
+end
+
+-- ceildiv returns ceil(a / b) for a >= 0, b > 0, exactly.
+local function ceildiv(a, b)
+	local q = quo(a, b)
+	if q * b < a then
+		q = q + 1
+	end
+	return q
+end
+
+-- micros converts ticks of 1/scale µs to µs, rounding up, as
+-- Limit.micros.
+local function micros(ticks, scale)
+	if ticks <= 0 then
+		return 0
+	end
+	return ceildiv(ticks, scale)
 end
 
 -- int formats an integral number exactly (tostring and .. keep only 14

@@ -1,7 +1,7 @@
 -- fixed_window.lua: the twin of Limit.fixedWindow. The state is a hash
 -- {at = window start, level = count in milli-units}.
 -- x = cost in milli-units; c1 window w in µs, c2 limit (events * 1000).
-local function fixedwindow(key, op, now, x, w, limit)
+local function fixedwindow(key, op, now, x, ta, _, w, limit)
 	local commit, write, never = mode(op)
 	local raw = now
 	local s = redis.call('HMGET', key, 'at', 'level')
@@ -21,8 +21,9 @@ local function fixedwindow(key, op, now, x, w, limit)
 	end
 
 	if op == 'u' then
-		-- Cost taken in an earlier window is already forgotten.
-		if at == before then
+		-- Only to the window it was charged in, if that is this one: cost
+		-- taken in an earlier window is already forgotten.
+		if at == quo(ta, w) * w then
 			level = math.max(0, level - x)
 		end
 		save(key, fresh(), now - raw, 'at', int(at), 'level', int(level))
@@ -31,12 +32,12 @@ local function fixedwindow(key, op, now, x, w, limit)
 
 	local d
 	if level + x > limit then
-		d = {0, quo(limit - level, 1000), tonext, tonext, 0}
+		d = {0, quo(limit - level, 1000), tonext, tonext, 0, now}
 	else
 		if commit then
 			level = level + x
 		end
-		d = {1, quo(limit - level, 1000), fresh(), 0, 0}
+		d = {1, quo(limit - level, 1000), fresh(), 0, 0, now}
 	end
 	if never then
 		d[1], d[4] = 0, -1

@@ -1,53 +1,63 @@
 -- gcra.lua: the twin of Limit.gcra. The state is a string, the theoretical
--- arrival time (TAT) in µs; it changes only when a request is admitted or
--- undone.
--- x = inc(cost) in µs; c1 tau, c2 unit.
-local function gcra(key, op, now, x, tau, unit)
+-- arrival time (TAT): "<µs>" or, with a fraction of a µs, "<µs>:<ticks>";
+-- it changes only when a request is admitted or undone.
+-- x = inc(cost) in ticks; c1 tau, c2 unit, c4 scale (after bucket.lua).
+local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 	local commit, _, never = mode(op)
 	local v = redis.call('GET', key)
 	if op == 'p' and not v then
 		return nil
 	end
-	local stored = tonumber(v) or 0
+	local at, frac = 0, 0
+	if v then
+		local colon = string.find(v, ':', 1, true)
+		if colon then
+			at, frac = tonumber(string.sub(v, 1, colon - 1)), tonumber(string.sub(v, colon + 1))
+		else
+			at = tonumber(v)
+		end
+	end
 
-	local function store(newtat)
-		local ms = ttl(newtat - now, 0)
+	-- debt is Limit.gcraDebt: TAT - now in ticks, or 0.
+	local debt = 0
+	if at >= now then
+		if at - now > 4 * 1125899906842624 then
+			debt = 9007199254740992
+		else
+			debt = (at - now) * scale + frac
+		end
+	end
+
+	-- store is Limit.setTAT: TAT = now + newdebt ticks.
+	local function store(newdebt)
+		local ms = ttl(micros(newdebt, scale), 0)
 		if ms <= 0 then
 			redis.call('DEL', key)
 			return
 		end
-		redis.call('SET', key, int(newtat), 'PX', ms)
+		local t = now + quo(newdebt, scale)
+		local f = newdebt - quo(newdebt, scale) * scale
+		if f == 0 then
+			redis.call('SET', key, int(t), 'PX', ms)
+		else
+			redis.call('SET', key, int(t) .. ':' .. int(f), 'PX', ms)
+		end
 	end
 
 	if op == 'u' then
-		local newtat = stored - x
-		if newtat < now then
-			newtat = now
+		if debt > 0 then
+			store(debt - giveback(debt, x, now, ta, tr, scale))
 		end
-		store(newtat)
 		return nil
 	end
 
-	local tat = stored
-	if tat < now then
-		tat = now
-	end
-	local debt = tat - now
-	local over = debt + x - tau
-	if over > 0 then
-		if never then
-			return {0, units(tau - debt, unit), debt, -1, 0}
-		end
-		return {0, units(tau - debt, unit), debt, over, 0}
-	end
-	if commit then
-		tat = tat + x
-		debt = debt + x
-		store(tat)
+	local d, level = meter(debt, now, x, commit, tau, unit, 0, scale)
+	if commit and d[1] == 1 then
+		store(level)
 	end
 	if never then
-		return {0, units(tau - debt, unit), debt, -1, 0}
+		d[1], d[4], d[5] = 0, -1, 0
 	end
-	return {1, units(tau - debt, unit), debt, 0, 0}
+	return d
 end
 algs.gc = gcra

@@ -249,10 +249,11 @@ func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, par
 }
 
 // runGroup runs multi.lua (what: multiDecide or multiCheck) on the parts of
-// group g, and stores their decisions in ds.
+// group g, and stores their decisions in ds (a part that gives back reads
+// there the decision that charged it).
 func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []part, g []int, ds []algorithms.Decision) error {
 	keys := make([]string, len(g))
-	args := make([]any, 0, 3+7*len(g))
+	args := make([]any, 0, 3+10*len(g))
 	args = append(args, what, s.clock(now), s.ttlSlack)
 	for k, i := range g {
 		p := &parts[i]
@@ -261,19 +262,22 @@ func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []pa
 		if p.block {
 			block = "1"
 		}
-		args = append(args, p.op, p.x, block)
+		var ta, tr int64 // what an undo gives back was charged by ds[i]
+		if p.op == opUndo {
+			ta, tr = ds[i].At, ds[i].Reset
+		}
+		args = append(args, p.op, p.x, block, ta, tr)
 		args = append(args, p.z.consts...)
 	}
 	v, err := multiScript.Run(ctx, s.client, keys, args...).Int64Slice()
-	if err == nil && len(v) != 5*len(g) {
+	if err == nil && len(v) != 6*len(g) {
 		err = fmt.Errorf("%w: %v", errReply, v)
 	}
 	if err != nil {
 		return fmt.Errorf("zones %s: %w", zoneNames(parts, g), err)
 	}
 	for k, i := range g {
-		v := v[5*k:]
-		ds[i] = algorithms.Decision{Allowed: v[0] == 1, Remaining: v[1], Reset: v[2], Wait: v[3], Delay: v[4]}
+		ds[i] = decision(v[6*k:])
 	}
 	return nil
 }

@@ -8,28 +8,32 @@
 --               rejects, take in every admitting zone; 'c' check only
 -- ARGV[2] now:  µs since the Unix epoch; negative means the server's clock
 -- ARGV[3]:      TTL slack in ms
--- ARGV[4...]:   7 arguments for each key: op ('c' check; 'n' check a cost
---               above the capacity; 'u' undo x, then check), x, blocking
---               ('1', or '0' for a dry-run zone, whose rejection does not
---               stop the others), the algorithm's code and its 3 constants
+-- ARGV[4...]:   10 arguments for each key: op ('c' check; 'n' check a
+--               cost above the capacity; 'u' undo x, then check), x,
+--               blocking ('1', or '0' for a dry-run zone, whose rejection
+--               does not stop the others), ta and tr (for an undo, see
+--               common.lua), the algorithm's code and its 4 constants
 --
--- It returns the zones' decisions one after another, 5 integers each: the
+-- It returns the zones' decisions one after another, 6 integers each: the
 -- checks' when nothing was taken, the takes' (for the zones that admitted)
 -- when the request was.
 local what = ARGV[1]
 local now = clock(ARGV[2])
 slack = tonumber(ARGV[3])
 
+local per = 10
+
 local function run(i, op)
-	local a = 4 + 7 * (i - 1)
-	return algs[ARGV[a + 3]](KEYS[i], op, now, tonumber(ARGV[a + 1]),
-		tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]))
+	local a = 4 + per * (i - 1)
+	return algs[ARGV[a + 5]](KEYS[i], op, now, tonumber(ARGV[a + 1]),
+		tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]),
+		tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9]))
 end
 
 local ds = {}
 local admit = true
 for i = 1, #KEYS do
-	local a = 4 + 7 * (i - 1)
+	local a = 4 + per * (i - 1)
 	local op = ARGV[a]
 	if op == 'u' then
 		run(i, 'u')
@@ -54,8 +58,8 @@ end
 local out = {}
 for i = 1, #KEYS do
 	local d = ds[i]
-	for j = 1, 5 do
-		out[5 * (i - 1) + j] = d[j]
+	for j = 1, 6 do
+		out[6 * (i - 1) + j] = d[j]
 	end
 end
 return out

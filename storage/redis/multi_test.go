@@ -247,8 +247,11 @@ func runRandomTakeAll(t *testing.T, s *Store, rng *rand.Rand, zones []*refZone, 
 		case r < 4: // a zone's own Undo
 			z := zones[rng.IntN(len(zones))]
 			key, cost := keys[rng.IntN(len(keys))], rng.Int64N(2*algorithms.Milli)
-			z.l.Undo(z.state(key), now, cost)
-			if err := z.zl.Undo(ctx, key, now, cost); err != nil {
+			// A charge from some time ago (or not yet, on a clock that ran
+			// backwards): what each twin gives back must agree.
+			taken := algorithms.Decision{Allowed: true, At: now - rng.Int64N(3*sec), Reset: rng.Int64N(2 * sec)}
+			z.l.Undo(z.state(key), now, cost, taken)
+			if err := z.zl.Undo(ctx, key, now, cost, taken); err != nil {
 				t.Fatalf("%s: Undo: %v", label, err)
 			}
 		case r < 8: // a zone's own Take

@@ -25,11 +25,13 @@ const (
 )
 
 // step is one call at now (µs) with cost (milli-units; peeks cost one
-// event).
+// event). An undo gives back what the ref-th most recent admitted take
+// charged (0: the last one).
 type step struct {
 	op   op
 	now  int64
 	cost int64
+	ref  int
 }
 
 func (s step) String() string {
@@ -37,7 +39,7 @@ func (s step) String() string {
 	case take:
 		return fmt.Sprintf("Take(now=%d, cost=%d)", s.now, s.cost)
 	case undo:
-		return fmt.Sprintf("Undo(now=%d, cost=%d)", s.now, s.cost)
+		return fmt.Sprintf("Undo(now=%d, cost=%d, take -%d)", s.now, s.cost, s.ref)
 	}
 	return fmt.Sprintf("Peek(now=%d)", s.now)
 }
@@ -50,9 +52,13 @@ const (
 	epoch = int64(1_767_225_600) * sec
 )
 
-func T(now, cost int64) step { return step{take, now, cost} }
-func U(now, cost int64) step { return step{undo, now, cost} }
-func P(now int64) step       { return step{peek, now, 0} }
+func T(now, cost int64) step { return step{take, now, cost, 0} }
+func U(now, cost int64) step { return step{undo, now, cost, 0} }
+func P(now int64) step       { return step{peek, now, 0, 0} }
+
+// UL gives back what the ref-th most recent admitted take charged: an
+// undo of a request from long ago.
+func UL(now, cost int64, ref int) step { return step{undo, now, cost, ref} }
 
 // repeat returns n takes of cost at now, now+dt, now+2dt...
 func repeat(n int, now, dt, cost int64) []step {
@@ -191,6 +197,7 @@ func runParity(t *testing.T, zl storage.Limiter, key string, l algorithms.Limit,
 	var n tally
 	ctx := context.Background()
 	state := algorithms.NewState(&l)
+	var admitted []algorithms.Decision
 	for i, st := range steps {
 		switch st.op {
 		case take:
@@ -201,6 +208,9 @@ func runParity(t *testing.T, zl storage.Limiter, key string, l algorithms.Limit,
 			}
 			if got != want {
 				t.Fatalf("step %d: %v = %+v, want %+v (Go)", i, st, got, want)
+			}
+			if got.Allowed {
+				admitted = append(admitted, got)
 			}
 			switch {
 			case got.Delay > 0:
@@ -213,8 +223,12 @@ func runParity(t *testing.T, zl storage.Limiter, key string, l algorithms.Limit,
 				n.rejected++
 			}
 		case undo:
-			l.Undo(&state, st.now, st.cost)
-			if err := zl.Undo(ctx, key, st.now, st.cost); err != nil {
+			var taken algorithms.Decision
+			if k := len(admitted) - 1 - st.ref; k >= 0 {
+				taken = admitted[k]
+			}
+			l.Undo(&state, st.now, st.cost, taken)
+			if err := zl.Undo(ctx, key, st.now, st.cost, taken); err != nil {
 				t.Fatalf("step %d: %v: %v", i, st, err)
 			}
 		case peek:
@@ -305,7 +319,10 @@ func TestParityRandom(t *testing.T) {
 				if kind == algorithms.LeakyBucket && rng.IntN(2) == 0 {
 					maxDelay = time.Duration(rng.Int64N(int64(2 * window)))
 				}
-				l := mustLimit(t, kind, events, window, burst, maxDelay)
+				l, err := algorithms.NewLimit(kind, events, window, burst, maxDelay)
+				if err != nil {
+					continue // a random burst too long to refill, or the like
+				}
 				steps := randomSteps(rng, &l, n/configs, rng.IntN(2) == 0)
 				name := fmt.Sprintf("random-%s-%d", kind, ci)
 				n := runParity(t, zoneOf(s, name, l), "k", l, steps, nil)
@@ -353,9 +370,12 @@ func randomSteps(rng *rand.Rand, l *algorithms.Limit, n int, atEpoch bool) []ste
 				last = cost
 			}
 		case r < 90:
-			if rng.IntN(5) == 0 {
+			switch rng.IntN(5) {
+			case 0:
 				steps = append(steps, U(now, rng.Int64N(3*capacity+2000))) // more than any Take charged
-			} else {
+			case 1:
+				steps = append(steps, UL(now, rng.Int64N(last+1), rng.IntN(6))) // a take from long ago
+			default:
 				steps = append(steps, U(now, rng.Int64N(last+1)))
 			}
 		default:

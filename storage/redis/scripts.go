@@ -39,7 +39,7 @@ var scripts = func() map[algorithms.Kind]*goredis.Script {
 	return map[algorithms.Kind]*goredis.Script{
 		algorithms.TokenBucket:   bucket,
 		algorithms.LeakyBucket:   bucket,
-		algorithms.GCRA:          one(gcraLua),
+		algorithms.GCRA:          one(bucketLua + gcraLua), // gcra meters as the bucket does
 		algorithms.FixedWindow:   one(fixedWindowLua),
 		algorithms.SlidingWindow: one(slidingWindowLua),
 		algorithms.SlidingLog:    one(slidingLogLua),
@@ -68,29 +68,28 @@ const (
 	multiUndo   = "u"
 )
 
-// constants returns the algorithm's code and its 3 constants, as the
-// scripts take them after x, formatted once per zone.
+// constants returns the algorithm's code and its 4 constants, as the
+// scripts take them after ta and tr, formatted once per zone.
 func constants(l *algorithms.Limit) []any {
 	i := func(n int64) any { return strconv.FormatInt(n, 10) }
 	code := kindCode(l.Kind)
+	scale := max(l.Scale, 1)
 	switch l.Kind {
-	case algorithms.TokenBucket:
-		return []any{code, i(l.Tau), i(l.Unit), i(0)}
+	case algorithms.TokenBucket, algorithms.GCRA:
+		return []any{code, i(l.Tau), i(l.Unit), i(0), i(scale)}
 	case algorithms.LeakyBucket:
-		return []any{code, i(l.Tau), i(l.Unit), i(l.MaxDelay)}
-	case algorithms.GCRA:
-		return []any{code, i(l.Tau), i(l.Unit), i(0)}
+		return []any{code, i(l.Tau), i(l.Unit), i(l.MaxDelay), i(scale)}
 	case algorithms.FixedWindow, algorithms.SlidingWindow:
-		return []any{code, i(l.Window), i(l.Events * algorithms.Milli), i(0)}
+		return []any{code, i(l.Window), i(l.Events * algorithms.Milli), i(0), i(0)}
 	case algorithms.SlidingLog:
-		return []any{code, i(l.Window), i(l.Events), i(0)}
+		return []any{code, i(l.Window), i(l.Events), i(0), i(0)}
 	}
 	return nil
 }
 
 // amount converts a cost in milli-units, 0 <= cost <= l.Capacity(), to what
 // l's script counts (x): for the bucket family the refill time of the cost
-// in µs, ceil(cost * Unit / 1000), as Limit.inc computes it; for
+// in ticks, ceil(cost * Unit / 1000), as Limit.inc computes it; for
 // sliding_log the whole events, ceil(cost / 1000); for the other windows
 // the cost itself.
 func amount(l *algorithms.Limit, cost int64) int64 {

@@ -4,7 +4,7 @@
 -- binary search and trimmed in one LTRIM.
 -- x = the request's events, ceil(cost / 1000); c1 window w in µs, c2 n
 -- (events).
-local function slidinglog(key, op, now, x, w, n)
+local function slidinglog(key, op, now, x, ta, _, w, n)
 	local commit, write, never = mode(op)
 	local raw = now
 	local len = redis.call('LLEN', key)
@@ -31,10 +31,10 @@ local function slidinglog(key, op, now, x, w, n)
 	end
 
 	if op == 'u' then
-		-- Give back the newest x events, as Limit.slidingLogUndo does.
-		if x > 0 then
-			redis.call('LTRIM', key, 0, -(x + 1))
-			len = math.max(0, len - x)
+		-- Remove up to x entries made at ta, the request's own, as
+		-- Limit.slidingLogUndo does.
+		if x > 0 and len > 0 then
+			len = len - redis.call('LREM', key, x, int(ta))
 		end
 		local newest = 0
 		if len > 0 then
@@ -82,7 +82,7 @@ local function slidinglog(key, op, now, x, w, n)
 	local pushed = false
 	if level + x > n then
 		local oldest = at(head + level + x - n - 1)
-		d = {0, n - level, newest + w - now, oldest + w - now, 0}
+		d = {0, n - level, newest + w - now, oldest + w - now, 0, now}
 	else
 		if commit and x > 0 then
 			level = level + x
@@ -93,7 +93,7 @@ local function slidinglog(key, op, now, x, w, n)
 		if level > 0 then
 			reset = newest + w - now
 		end
-		d = {1, n - level, reset, 0, 0}
+		d = {1, n - level, reset, 0, 0, now}
 	end
 	if never then
 		d[1], d[4] = 0, -1

@@ -2,7 +2,35 @@
 -- {at = window start, level = this window's count, prev = the previous
 -- window's count}, counts in milli-units.
 -- x = cost in milli-units; c1 window w in µs, c2 limit (events * 1000).
-local function slidingwindow(key, op, now, x, w, limit)
+
+-- mulcmp is mulCmp: it compares a*b with c*d exactly, for integers in
+-- [0, 2^52), by splitting each factor into 26-bit limbs (each partial
+-- product then stays below 2^53, exact in a double). It returns -1, 0 or 1.
+local limb = 67108864 -- 2^26
+local function product(a, b)
+	local a1, a0 = math.floor(a / limb), a % limb
+	local b1, b0 = math.floor(b / limb), b % limb
+	local p0 = a0 * b0
+	local p1 = a1 * b0 + a0 * b1
+	local p2 = a1 * b1
+	local lo = p0 % limb
+	local mid = p1 + math.floor(p0 / limb)
+	return p2 + math.floor(mid / limb), mid % limb, lo
+end
+local function mulcmp(a, b, c, d)
+	local x2, x1, x0 = product(a, b)
+	local y2, y1, y0 = product(c, d)
+	if x2 ~= y2 then
+		return x2 < y2 and -1 or 1
+	elseif x1 ~= y1 then
+		return x1 < y1 and -1 or 1
+	elseif x0 ~= y0 then
+		return x0 < y0 and -1 or 1
+	end
+	return 0
+end
+
+local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	local commit, write, never = mode(op)
 	local raw = now
 	local s = redis.call('HMGET', key, 'at', 'level', 'prev')
@@ -30,31 +58,42 @@ local function slidingwindow(key, op, now, x, w, limit)
 	end
 
 	if op == 'u' then
-		if at == before then
+		-- To the window it was charged in, while the state counts it.
+		local charged = quo(ta, w) * w
+		if charged == at then
 			level = math.max(0, level - x)
-		elseif at - before == w then
+		elseif charged == at - w then
 			prev = math.max(0, prev - x)
 		end
 		persist()
 		return nil
 	end
 
-	-- weight is Limit.weight: prev as it weighs tonext µs before the window
-	-- ends, in float64 and in the order Go computes it, so that both round
-	-- alike.
+	-- weight is Limit.weight: ceil(p * tn / w), exactly: a float estimate
+	-- corrected by exact comparisons.
 	local function weight(p, tn)
-		return math.floor(p * tn / w)
+		if p <= 0 or tn <= 0 then
+			return 0
+		end
+		local q = math.ceil(p * tn / w)
+		while q > 0 and mulcmp(q - 1, w, p, tn) >= 0 do
+			q = q - 1
+		end
+		while mulcmp(q, w, p, tn) < 0 do
+			q = q + 1
+		end
+		return q
 	end
 	local weighted = weight(prev, tonext)
 
 	-- decayed is Limit.decayed: the least elapsed time in [lo, w] at which
-	-- the weight of p has decayed to room or less, found by the same binary
-	-- search (the weight never grows with time; at most 51 steps).
+	-- p * (w - e') <= room * w (the weight never grows with time; at most
+	-- 51 steps).
 	local function decayed(p, room, lo)
 		local hi = w
 		while lo < hi do
 			local mid = lo + math.floor((hi - lo) / 2)
-			if weight(p, w - mid) <= room then
+			if mulcmp(p, w - mid, room, w) <= 0 then
 				hi = mid
 			else
 				lo = mid + 1
@@ -76,12 +115,12 @@ local function slidingwindow(key, op, now, x, w, limit)
 
 	local d
 	if weighted + level + x > limit then
-		d = {0, quo(math.max(0, limit - weighted - level), 1000), fresh(), waitfor(), 0}
+		d = {0, quo(math.max(0, limit - weighted - level), 1000), fresh(), waitfor(), 0, now}
 	else
 		if commit then
 			level = level + x
 		end
-		d = {1, quo(limit - weighted - level, 1000), fresh(), 0, 0}
+		d = {1, quo(limit - weighted - level, 1000), fresh(), 0, 0, now}
 	end
 	if never then
 		d[1], d[4] = 0, -1

@@ -228,13 +228,14 @@ func TestFreshStateNotStored(t *testing.T) {
 				return tm.Hour()
 			}
 			before := hour()
-			if _, err := zl.Take(ctx, "k", 0, 2500); err != nil {
+			d, err := zl.Take(ctx, "k", 0, 2500)
+			if err != nil {
 				t.Fatalf("take: %v", err)
 			}
 			if !exists(t, c, key) {
 				t.Fatalf("a take stored no %s", key)
 			}
-			if err := zl.Undo(ctx, "k", 0, 2500); err != nil {
+			if err := zl.Undo(ctx, "k", 0, 2500, d); err != nil {
 				t.Fatalf("undo: %v", err)
 			}
 			// A window that rolled between take and undo keeps the cost
@@ -242,7 +243,7 @@ func TestFreshStateNotStored(t *testing.T) {
 			if exists(t, c, key) && hour() == before {
 				t.Errorf("after undoing everything, %s still exists", key)
 			}
-			if err := zl.Undo(ctx, "absent", 0, 1000); err != nil {
+			if err := zl.Undo(ctx, "absent", 0, 1000, d); err != nil {
 				t.Fatalf("undo of an absent key: %v", err)
 			}
 			if exists(t, c, s.Key("fresh", kind, "absent")) {
@@ -432,7 +433,7 @@ func TestStoreFailures(t *testing.T) {
 
 	srv.Stop()
 	ctx, cancel = timeout()
-	if err := zl.Undo(ctx, "k", 0, 1000); err == nil || !strings.HasPrefix(err.Error(), `redis store: undo "faults": `) {
+	if err := zl.Undo(ctx, "k", 0, 1000, algorithms.Decision{}); err == nil || !strings.HasPrefix(err.Error(), `redis store: undo "faults": `) {
 		t.Errorf("undo on a stopped server: err = %v, want a wrapped error", err)
 	}
 	cancel()
@@ -447,7 +448,8 @@ func TestStoreFailures(t *testing.T) {
 }
 
 // TestUndoHugeCost gives back a cost no Take could have charged (the
-// largest CostMilli returns): everything is given back, without overflow.
+// largest CostMilli returns) for a take of the whole capacity: all of it
+// is given back, without overflow.
 func TestUndoHugeCost(t *testing.T) {
 	srv := redistest.Start(t)
 	s := New(srv.Client(), DefaultPrefix)
@@ -456,12 +458,11 @@ func TestUndoHugeCost(t *testing.T) {
 	for _, kind := range allKinds {
 		t.Run(kind.String(), func(t *testing.T) {
 			zl := zoneOf(s, "huge", mustLimit(t, kind, 3, time.Hour, 0, 0))
-			for i := 0; i < 3; i++ {
-				if _, err := zl.Take(ctx, "k", 0, algorithms.Milli); err != nil {
-					t.Fatalf("take: %v", err)
-				}
+			taken, err := zl.Take(ctx, "k", 0, 3*algorithms.Milli)
+			if err != nil || !taken.Allowed {
+				t.Fatalf("take: %+v, %v", taken, err)
 			}
-			if err := zl.Undo(ctx, "k", 0, huge); err != nil {
+			if err := zl.Undo(ctx, "k", 0, huge, taken); err != nil {
 				t.Fatalf("Undo(%d): %v", huge, err)
 			}
 			d, err := zl.Take(ctx, "k", 0, 3*algorithms.Milli)

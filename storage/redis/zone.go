@@ -52,17 +52,18 @@ func (z *zone) Take(ctx context.Context, key string, now, cost int64) (algorithm
 	if cost > z.limit.Capacity() {
 		op, x = opReject, 0
 	}
-	d, _, err := z.run(ctx, op, key, now, x)
+	d, _, err := z.run(ctx, op, key, now, x, algorithms.Decision{})
 	if err != nil {
 		return algorithms.Decision{}, fmt.Errorf("redis store: take %q: %w", z.name, err)
 	}
 	return d, nil
 }
 
-// Undo gives back cost that an earlier Take for key admitted. A key that
+// Undo gives back cost that the Take for key whose Decision is taken
+// admitted, to where it was charged (see algorithms.Limit.Undo). A key that
 // has expired or been reset meanwhile has nothing to give back.
-func (z *zone) Undo(ctx context.Context, key string, now, cost int64) error {
-	if _, _, err := z.run(ctx, opUndo, key, now, undoAmount(&z.limit, cost)); err != nil {
+func (z *zone) Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error {
+	if _, _, err := z.run(ctx, opUndo, key, now, undoAmount(&z.limit, cost), taken); err != nil {
 		return fmt.Errorf("redis store: undo %q: %w", z.name, err)
 	}
 	return nil
@@ -79,7 +80,7 @@ func (z *zone) Peek(ctx context.Context, key string, now int64) (algorithms.Deci
 	if over {
 		x = 0
 	}
-	d, ok, err := z.run(ctx, opPeek, key, now, x)
+	d, ok, err := z.run(ctx, opPeek, key, now, x, algorithms.Decision{})
 	if err != nil {
 		return algorithms.Decision{}, false, fmt.Errorf("redis store: peek %q: %w", z.name, err)
 	}
@@ -101,35 +102,35 @@ func (z *zone) Reset(ctx context.Context, key string) (bool, error) {
 	return n > 0, nil
 }
 
-// run runs the zone's one-key script (single.lua) for op with x. ok is
-// false when the script reports a key that does not exist (peek only).
-func (z *zone) run(ctx context.Context, op, key string, now, x int64) (d algorithms.Decision, ok bool, err error) {
+// run runs the zone's one-key script (single.lua) for op with x (and, for
+// an undo, the decision taken). ok is false when the script reports a key
+// that does not exist (peek only).
+func (z *zone) run(ctx context.Context, op, key string, now, x int64, taken algorithms.Decision) (d algorithms.Decision, ok bool, err error) {
 	if z.script == nil {
 		return d, false, fmt.Errorf("unknown algorithm %s", z.limit.Kind)
 	}
 	if err := ctx.Err(); err != nil {
 		return d, false, err
 	}
-	args := make([]any, 0, 4+len(z.consts))
-	args = append(args, op, z.store.clock(now), z.store.ttlSlack, x)
+	args := make([]any, 0, 6+len(z.consts))
+	args = append(args, op, z.store.clock(now), z.store.ttlSlack, x, taken.At, taken.Reset)
 	args = append(args, z.consts...)
 	v, err := z.script.Run(ctx, z.store.client, []string{z.store.key(key, z.tail)}, args...).Int64Slice()
 	if err != nil {
 		return d, false, err
 	}
 	switch {
-	case len(v) == 5:
-		return algorithms.Decision{
-			Allowed:   v[0] == 1,
-			Remaining: v[1],
-			Reset:     v[2],
-			Wait:      v[3],
-			Delay:     v[4],
-		}, true, nil
+	case len(v) == 6:
+		return decision(v), true, nil
 	case len(v) == 0 && op == opPeek:
 		return d, false, nil
 	case len(v) == 0 && op == opUndo:
 		return d, true, nil
 	}
 	return d, false, fmt.Errorf("%w: %v", errReply, v)
+}
+
+// decision reads a decision as the scripts return it: 6 integers.
+func decision(v []int64) algorithms.Decision {
+	return algorithms.Decision{Allowed: v[0] == 1, Remaining: v[1], Reset: v[2], Wait: v[3], Delay: v[4], At: v[5]}
 }
