@@ -59,30 +59,33 @@ func (l *Limit) meter(level *int64, now, cost int64, commit bool) Decision {
 }
 
 // giveBack returns the ticks of debt an Undo of inc, charged by the
-// decision taken, may give back at now from debt: what the charge still
-// holds.
+// decision taken, gives back at now from debt: never more than the charge
+// still holds.
 //
-// The debt with the charge and the debt without it differ by exactly inc
-// until the path without it could first reach zero (the bucket full), and
-// it cannot before the debt it had just before the charge, d0, has
-// drained; from then on the gap shrinks by at most one tick per tick. So
-// inc - max(0, elapsed - d0) never gives back more than the charge still
-// holds. d0 is bounded from below by taken.Reset, the debt right after
-// the charge rounded up to a µs. An immediate undo, or a shaped request's
-// client that leaves during its delay, gives back all of inc.
+// The debt is a queue of charges drained in order, one tick per tick: a
+// charge starts draining once the charges before it have, and not before
+// it was made. When taken's charge is still the last in the queue (the
+// queue ends where it ended right after the charge: nothing was charged
+// after it, nothing before it given back), it holds min(inc, debt), all of
+// which goes back. Otherwise it still holds at least inc minus the time
+// since it was made, whatever happened meanwhile; a policing bucket gives
+// that back. A shaping bucket gives back nothing then: requests charged
+// after it sleep until fixed release times, and the place it left would
+// let a new request be released before them, a burst the bucket never
+// allows. So an immediate give-back, or the last queued request's client
+// leaving, returns the whole charge, and no give-back ever mints quota.
 func (l *Limit) giveBack(debt, inc, now int64, taken Decision) int64 {
-	var d0 int64
-	if taken.Reset > 0 {
-		d0 = max(0, (taken.Reset-1)*l.scale()+1-inc)
+	if taken.At+taken.Reset == now+l.micros(debt) {
+		return min(inc, debt) // the last charge in the queue
 	}
-	g := inc
-	if elapsed := now - taken.At; elapsed > 0 {
-		if elapsed > l.micros(d0+inc) {
-			return 0
-		}
-		g = inc - max(0, elapsed*l.scale()-d0)
+	if l.MaxDelay > 0 {
+		return 0
 	}
-	return max(0, min(g, debt))
+	elapsed := max(0, now-taken.At)
+	if elapsed >= l.micros(inc) {
+		return 0
+	}
+	return max(0, min(inc-elapsed*l.scale(), debt))
 }
 
 func (l *Limit) bucketUndo(s *State, now, cost int64, taken Decision) {

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"fmt"
 	"math/rand"
 	"strconv"
 	"sync"
@@ -232,6 +233,80 @@ func BenchmarkTakeAll(b *testing.B) {
 					TakeAll(now, r, ds)
 				}
 			})
+		})
+	}
+}
+
+// TestConcurrentLateUndo: goroutines take one key and give back random
+// earlier admissions of theirs, windows later, across window boundaries on
+// a shared clock; each aligned window of a fixed_window never holds more
+// than N live admissions, and a sliding_log's (t - W, t] never more than N.
+// The clock is read under the test's lock, so that requests reach the
+// store in time order (a request that reaches it after a later one is
+// decided at the later time; a sliding_log that gives back its newest
+// entries forgets that hold, see the README).
+func TestConcurrentLateUndo(t *testing.T) {
+	for _, kind := range []algorithms.Kind{algorithms.FixedWindow, algorithms.SlidingLog, algorithms.SlidingWindow} {
+		t.Run(kind.String(), func(t *testing.T) {
+			const n, w = 5, 1000 // 5 per ms
+			s := New(storage.Zone{Name: "late", Limit: mustLimit(t, kind, n, time.Millisecond)})
+			var clock atomic.Int64
+			clock.Store(100 * sec)
+			type adm struct{ d algorithms.Decision }
+			var mu sync.Mutex
+			var live []adm // admitted, not given back
+			var wg sync.WaitGroup
+			var bad atomic.Value
+			for g := 0; g < 6; g++ {
+				wg.Add(1)
+				go func(g int) {
+					defer wg.Done()
+					rng := rand.New(rand.NewSource(int64(g)))
+					var mine []algorithms.Decision
+					for i := 0; i < 3000; i++ {
+						if len(mine) > 0 && rng.Intn(4) == 0 {
+							j := rng.Intn(len(mine))
+							d := mine[j]
+							mine = append(mine[:j], mine[j+1:]...)
+							mu.Lock()
+							now := clock.Add(int64(rng.Intn(120)))
+							s.Undo(context.Background(), "k", now, 1000, d)
+							for k := range live {
+								if live[k].d == d {
+									live = append(live[:k], live[k+1:]...)
+									break
+								}
+							}
+							mu.Unlock()
+							continue
+						}
+						mu.Lock() // the take and its record as one step, for the check
+						now := clock.Add(int64(rng.Intn(120)))
+						d, _ := s.Take(context.Background(), "k", now, 1000)
+						if d.Allowed {
+							live = append(live, adm{d})
+							mine = append(mine, d)
+							var inWindow, inSpan int
+							for _, a := range live {
+								if a.d.At-a.d.At%w == d.At-d.At%w {
+									inWindow++
+								}
+								if a.d.At > d.At-w {
+									inSpan++
+								}
+							}
+							if kind == algorithms.FixedWindow && inWindow > n || kind == algorithms.SlidingLog && inSpan > n || inWindow > n {
+								bad.Store(fmt.Sprintf("at %d: %d live in its window, %d in (t-W, t]", d.At, inWindow, inSpan))
+							}
+						}
+						mu.Unlock()
+					}
+				}(g)
+			}
+			wg.Wait()
+			if v := bad.Load(); v != nil {
+				t.Fatal(v)
+			}
 		})
 	}
 }

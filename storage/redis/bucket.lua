@@ -35,21 +35,20 @@ local function meter(debt, now, x, commit, tau, unit, maxdelay, scale)
 end
 
 -- giveback is Limit.giveBack: what an undo of x, charged by the decision
--- that reported ta and tr, may give back from debt at now.
-local function giveback(debt, x, now, ta, tr, scale)
-	local d0 = 0
-	if tr > 0 then
-		d0 = math.max(0, (tr - 1) * scale + 1 - x)
+-- that reported ta and tr (its At and Reset), gives back from debt at now:
+-- never more than the charge still holds.
+local function giveback(debt, x, now, ta, tr, maxdelay, scale)
+	if ta + tr == now + micros(debt, scale) then
+		return math.min(x, debt) -- the last charge in the queue
 	end
-	local g = x
-	local elapsed = now - ta
-	if elapsed > 0 then
-		if elapsed > micros(d0 + x, scale) then
-			return 0
-		end
-		g = x - math.max(0, elapsed * scale - d0)
+	if maxdelay > 0 then
+		return 0
 	end
-	return math.max(0, math.min(g, debt))
+	local elapsed = math.max(0, now - ta)
+	if elapsed >= micros(x, scale) then
+		return 0
+	end
+	return math.max(0, math.min(x - elapsed * scale, debt))
 end
 
 local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
@@ -69,7 +68,7 @@ local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 	at, level = now, debt
 
 	if op == 'u' then
-		level = level - giveback(level, x, now, ta, tr, scale)
+		level = level - giveback(level, x, now, ta, tr, maxdelay, scale)
 		save(key, micros(level, scale), now - raw, 'at', int(at), 'level', int(level))
 		return nil
 	end

@@ -46,7 +46,7 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 
 	if op == 'u' then
 		if debt > 0 then
-			store(debt - giveback(debt, x, now, ta, tr, scale))
+			store(debt - giveback(debt, x, now, ta, tr, 0, scale))
 		end
 		return nil
 	end

@@ -262,7 +262,7 @@ func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []pa
 		if p.block {
 			block = "1"
 		}
-		var ta, tr int64 // what an undo gives back was charged by ds[i]
+		var ta, tr int64 // what an undo gives back, ds[i] charged
 		if p.op == opUndo {
 			ta, tr = ds[i].At, ds[i].Reset
 		}

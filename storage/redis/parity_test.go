@@ -173,7 +173,26 @@ func parityTraces(t *testing.T) []trace {
 			trace{k.String() + "/huge", lim(k, 1<<40, huge, 0, 0), hugeSteps},
 		)
 	}
+	// The floor of the weight admitted 249µs early here: 4 events in the
+	// previous window weigh 3500.996 milli-events at 124751µs into the
+	// next, and a request of 0.5 passed (TestSlidingWindow).
+	exactSteps := []step{T(750*ms, 4000), P(sec + 124_751), T(sec+124_751, 500), T(sec+124_999, 500), T(sec+125_000, 500)}
+	// Give-backs of takes from windows ago, and of shaped requests with
+	// others queued behind them.
+	lateSteps := []step{
+		T(0, 1000), T(100*ms, 1000), T(1200*ms, 1000), UL(1300*ms, 1000, 2), T(1300*ms, 1000),
+		T(1300*ms, 1000), UL(2500*ms, 1000, 1), T(2600*ms, 1000), UL(2600*ms, 1000, 0), P(2600 * ms),
+		T(5*sec, 2000), T(5*sec, 1000), T(5*sec, 1000), UL(5200*ms, 1000, 1), T(5200*ms, 1000), P(5200 * ms),
+	}
 	traces = append(traces,
+		trace{"sliding_window/exact_weight", lim(algorithms.SlidingWindow, 4, time.Second, 0, 0), exactSteps},
+		trace{"sliding_window/late_undo", lim(algorithms.SlidingWindow, 3, time.Second, 0, 0), lateSteps},
+		trace{"fixed_window/late_undo", lim(algorithms.FixedWindow, 3, time.Second, 0, 0), lateSteps},
+		trace{"sliding_log/late_undo", lim(algorithms.SlidingLog, 3, time.Second, 0, 0), lateSteps},
+		trace{"token_bucket/late_undo", lim(algorithms.TokenBucket, 3, time.Second, 0, 0), lateSteps},
+		trace{"gcra/late_undo_fast", lim(algorithms.GCRA, 300_000, time.Second, 0, 0), lateSteps},
+		trace{"leaky_bucket/shaping_late_undo", lim(algorithms.LeakyBucket, 2, time.Second, 0, 2*time.Second), lateSteps},
+		trace{"token_bucket/300000per1s", lim(algorithms.TokenBucket, 300_000, time.Second, 0, 0), concat(repeat(400, 0, 1, 1000), bucketSteps)},
 		trace{"sliding_window/7per700ms", lim(algorithms.SlidingWindow, 7, 700*time.Millisecond, 0, 0), windowSteps},
 		trace{"sliding_log/3per1s", lim(algorithms.SlidingLog, 3, time.Second, 0, 0), logSteps},
 		trace{"sliding_log/1per1s", lim(algorithms.SlidingLog, 1, time.Second, 0, 0), logSteps},
