@@ -349,13 +349,28 @@ func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel bool) {
 }
 
 // BenchmarkBytesPerKey reports the memory store's heap bytes per key for
-// each algorithm: 100,000 keys with one request each (sliding_log with
-// events=100, whose ring is 8 bytes per event).
+// each algorithm: 100,000 keys with one request each, and for sliding_log
+// also a zone of 100,000 events per hour after 1 and after 100 requests per
+// key (its log grows with its entries, not with events).
 func BenchmarkBytesPerKey(b *testing.B) {
+	type config struct {
+		name     string
+		kind     algorithms.Kind
+		events   int64
+		requests int
+	}
+	var configs []config
 	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog, algorithms.FixedWindow, algorithms.LeakyBucket} {
-		b.Run("alg="+kind.String(), func(b *testing.B) {
+		configs = append(configs, config{"alg=" + kind.String(), kind, 100, 1})
+	}
+	configs = append(configs,
+		config{"alg=sliding_log/events=100000/requests=1", algorithms.SlidingLog, 100_000, 1},
+		config{"alg=sliding_log/events=100000/requests=100", algorithms.SlidingLog, 100_000, 100},
+	)
+	for _, c := range configs {
+		b.Run(c.name, func(b *testing.B) {
 			const n = 100_000
-			l, err := algorithms.NewLimit(kind, 100, time.Minute, 0, 0)
+			l, err := algorithms.NewLimit(c.kind, c.events, time.Hour, 0, 0)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -369,8 +384,10 @@ func BenchmarkBytesPerKey(b *testing.B) {
 				runtime.GC()
 				runtime.ReadMemStats(&before)
 				s := New(storage.Zone{Name: "mem", Limit: l})
-				for _, k := range keys {
-					s.Take(context.Background(), k, 1, algorithms.Milli)
+				for r := 0; r < c.requests; r++ {
+					for _, k := range keys {
+						s.Take(context.Background(), k, int64(1+r), algorithms.Milli)
+					}
 				}
 				runtime.GC()
 				runtime.ReadMemStats(&after)
