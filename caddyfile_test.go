@@ -1,11 +1,15 @@
 package tollgate
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/caddy-tollgate/tollgate/storage"
 )
 
 // TestValidateRejectsBadInput runs each bad Caddyfile through the adapter
@@ -120,20 +124,116 @@ func FuzzParseRate(f *testing.F) {
 	})
 }
 
-// FuzzUnmarshalCaddyfile checks the Caddyfile parser never panics, whatever
-// the block holds.
+// FuzzUnmarshalCaddyfile runs the rate_limit directive in a site through
+// Caddy's Caddyfile adapter, as `caddy adapt` does: input that does not
+// tokenize or parse is an error there, never a panic (Caddy's test
+// dispenser, which the fuzzer used to build its input with, exits the
+// process at the first lexer error, so the fuzzer never got past `<<<`).
+// What adapts is then validated as `caddy validate` would.
 func FuzzUnmarshalCaddyfile(f *testing.F) {
 	for _, s := range []string{
 		"zone z {\n rate 10/s\n}",
 		"zone z {\n key {client_ip}\n events 5\n window 1m\n burst 10\n algorithm gcra\n cost {http.request.header.W}\n default_cost 2\n}\njitter 0.3",
 		"zone z {\n match {\n path /a\n }\n rate 1/s\n dry_run\n on_storage_error local\n ipv4_prefix 24\n}\nheaders ietf x-ratelimit\nstatus 503\nmax_keys 10\nsweep_interval 1s\nlog_key",
 		"zone {\n}", "zone z z", "storage", "headers", "zone z {\n rate\n}", "}}}{{{",
+		"<<<", "zone z {\n key <<EOF\nx\nEOF\n rate 1/s\n}", "zone z {\n key `{a}\n rate 1/s\n}", "zone z {\n rate 1/s\n}\nstorage redis {\n url redis://u:p@h:x\n}",
+		"zone z {\n algorithm sliding_log\n rate 100000/h\n}\nmax_keys 1", "zone z {\n rate 1000000/s\n burst 1099511627776\n}",
 	} {
 		f.Add(s)
 	}
+	adapter := caddyconfig.GetAdapter("caddyfile")
 	f.Fuzz(func(t *testing.T, body string) {
-		d := caddyfile.NewTestDispenser("rate_limit {\n" + body + "\n}")
-		var h Handler
-		_ = h.UnmarshalCaddyfile(d)
+		site := ":8080 {\n\trate_limit {\n" + body + "\n\t}\n}\n"
+		cfg, _, err := adapter.Adapt([]byte(site), nil)
+		if err != nil {
+			return
+		}
+		_ = validateJSON(cfg)
+	})
+}
+
+// validateJSON runs caddy validate's checks on a JSON config: it loads and
+// provisions every module, and starts nothing.
+func validateJSON(cfg []byte) error {
+	var c caddy.Config
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		return err
+	}
+	return caddy.Validate(&c)
+}
+
+// FuzzJSONConfig provisions any rate_limit handler JSON in a route, as
+// `caddy validate` does with a JSON config: bad values are errors, never a
+// panic.
+func FuzzJSONConfig(f *testing.F) {
+	for _, s := range []string{
+		`{"rate_limits": {"z": {"events": 10, "window": "1s"}}}`,
+		`{"rate_limits": {"z": {"events": 10, "window": 1000000000, "burst": 50, "algorithm": "gcra", "cost": 2}}, "jitter": 0.5}`,
+		`{"rate_limits": {"z": {"events": 10, "window": "1m", "key": "{http.request.header.K}", "cost": "{http.request.header.W}", "default_cost": 0.5, "algorithm": "sliding_window"}}, "zone_order": ["z"], "headers": ["ietf", "x-ratelimit"]}`,
+		`{"rate_limits": {"z": {"events": 5, "window": "1s", "algorithm": "leaky_bucket", "max_delay": "2s"}}, "max_keys": 3}`,
+		`{"rate_limits": {"z": {"events": 1, "window": "1s", "ipv6_prefix": 200}}}`,
+		`{"rate_limits": {"z": null}}`, `{"rate_limits": {"": {}}}`, `{"status": 99}`, `{}`,
+		`{"rate_limits": {"z": {"events": 1099511627776, "window": 1125899906842624000}}}`,
+		`{"rate_limits": {"z": {"events": 1, "window": "1s"}}, "storage": {"module": "redis", "url": "redis://u:secret@h:x"}}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, handler string) {
+		if !json.Valid([]byte(handler)) || !strings.HasPrefix(strings.TrimSpace(handler), "{") {
+			return
+		}
+		h := strings.TrimSpace(handler)
+		cfg := `{"apps": {"http": {"servers": {"s": {"listen": [":8080"], "routes": [{"handle": [{"handler": "rate_limit", ` + h[1:] + `]}]}}}}}`
+		_ = validateJSON([]byte(cfg))
+	})
+}
+
+// FuzzKeys: a resolved key, masked to its zone's prefixes and bounded, is
+// never longer than a hash, and a key that is bounded already is kept.
+func FuzzKeys(f *testing.F) {
+	for _, s := range []string{"203.0.113.7", "2001:db8::1", "::ffff:1.2.3.4", "fe80::1%eth0", "#abc", "", strings.Repeat("k", 200), "a:b:c", "1.2.3.4/24"} {
+		f.Add(s, 24, 64)
+	}
+	f.Fuzz(func(t *testing.T, key string, v4, v6 int) {
+		z := &zone{v4bits: v4 & 31, v6bits: v6 & 127}
+		got := z.storedKey(key)
+		if len(got) > storage.MaxKeyLen && !strings.HasPrefix(got, "#") {
+			t.Fatalf("storedKey(%q) = %q: longer than %d and not hashed", key, got, storage.MaxKeyLen)
+		}
+		if len(got) > storage.MaxKeyLen+45 {
+			t.Fatalf("storedKey(%q) = %q: too long", key, got)
+		}
+		if again := storage.BoundKey(got); again != got && !strings.HasPrefix(got, "#") {
+			t.Fatalf("BoundKey(%q) = %q: a bounded key changed", got, again)
+		}
+		if key != got && !strings.HasPrefix(got, "#") && !strings.Contains(key, ":") && !strings.Contains(key, ".") {
+			t.Fatalf("storedKey(%q) = %q: a key that is no IP changed", key, got)
+		}
+	})
+}
+
+// FuzzRedisURL: a Redis URL that does not parse gives an error without its
+// password, whatever else the URL holds.
+func FuzzRedisURL(f *testing.F) {
+	for _, s := range []string{"redis://u:%s@h:x/0", "redis://:%s@[::1:6379", "http://u:%s@h", "redis://u:%s@h:6379/abc", "rediss://u:%s@h:6379/0?foo=bar", "u:%s@h"} {
+		f.Add(s, "Sup3rSecret")
+	}
+	f.Fuzz(func(t *testing.T, shape, password string) {
+		if len(password) < 6 || strings.ContainsAny(password, "@/?#%:[]") || strings.Count(shape, "%s") != 1 {
+			return
+		}
+		for _, r := range password {
+			if r < '!' || r > '~' {
+				return
+			}
+		}
+		u := strings.Replace(shape, "%s", password, 1)
+		if !strings.Contains(u, ":"+password+"@") {
+			return // the password is not in the user info
+		}
+		_, err := (&RedisStorage{URL: u}).options()
+		if err != nil && strings.Contains(err.Error(), password) {
+			t.Fatalf("options(%q): error %q holds the password", u, err)
+		}
 	})
 }

@@ -266,27 +266,25 @@ func quoted(msg string) []string {
 	}
 }
 
-// redactURL hides a URL's password for error messages. A URL that does not
-// parse is shown with everything before its last '@' hidden.
+// redactURL hides a URL's password for error messages: everything after
+// the first ':' of what stands before its last '@' (the user info, whether
+// or not the URL parses; url.URL.Redacted misses it in a URL without "//").
 func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err == nil {
-		return u.Redacted()
-	}
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
 		scheme, rest = "", s
 	} else {
 		scheme += "://"
 	}
-	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-		user, _, hasPw := strings.Cut(rest[:at], ":")
-		if hasPw {
-			user += ":xxxxx"
-		}
-		return scheme + user + rest[at:]
+	at := strings.LastIndexByte(rest, '@')
+	if at < 0 {
+		return s
 	}
-	return s
+	user, _, hasPw := strings.Cut(rest[:at], ":")
+	if hasPw {
+		user += ":xxxxx"
+	}
+	return scheme + user + rest[at:]
 }
 
 // redisPoolKey identifies a client by every setting that makes it

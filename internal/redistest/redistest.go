@@ -49,9 +49,16 @@ type Server struct {
 // shutdown with tb.Cleanup.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return StartWith(tb)
+}
+
+// StartWith starts a redis-server as Start does, with more redis-server
+// arguments, such as "--enable-debug-command", "yes".
+func StartWith(tb testing.TB, extra ...string) *Server {
+	tb.Helper()
 	bin := lookPath(tb, "redis-server")
 	for attempt := 0; ; attempt++ {
-		s := newServer(tb, bin, freePort(tb), nil)
+		s := newServer(tb, bin, freePort(tb), extra)
 		err := s.start()
 		if err == nil {
 			return s
@@ -194,6 +201,13 @@ func (s *Server) start() error {
 			return fmt.Errorf("redis-server on %s not ready after %s: %s", s.Addr, readyTimeout, tail(logPath))
 		}
 	}
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago, for a
+// test's own servers.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	return freePort(tb)
 }
 
 // ping sends one inline PING and checks for +PONG.
