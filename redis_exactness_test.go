@@ -125,9 +125,13 @@ func checkExact(t *testing.T, l load) {
 
 func TestRedisExactAcrossThreeInstances(t *testing.T) {
 	srv := redistest.Start(t)
-	tester := caddytest.NewTester(t)
-	tester.InitServer(threeInstances("addresses "+srv.Addr), "caddyfile")
-	checkExact(t, hammer(t, tester, "one-key", 48, 3*time.Second))
+	for _, pipeline := range []string{"on", "off"} {
+		t.Run("pipeline="+pipeline, func(t *testing.T) {
+			tester := caddytest.NewTester(t)
+			tester.InitServer(threeInstances("addresses "+srv.Addr+"\n\t\t\t\tpipeline "+pipeline), "caddyfile")
+			checkExact(t, hammer(t, tester, "one-key-"+pipeline, 48, 3*time.Second))
+		})
+	}
 }
 
 func TestRedisClusterThroughCaddy(t *testing.T) {

@@ -239,6 +239,7 @@ func TestRedisValidation(t *testing.T) {
 		{"negative timeout", "storage redis {\n timeout -1s\n}", "timeout: must not be negative"},
 		{"unknown option", "storage redis {\n flavour x\n}", "storage redis: unrecognized subdirective 'flavour'"},
 		{"option twice", "storage redis {\n db 1\n db 2\n}", "storage redis: option 'db' given twice"},
+		{"bad pipeline", "storage redis {\n pipeline maybe\n}", "storage redis: pipeline: must be on or off, got 'maybe'"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := validate(site(c.storage))

@@ -69,6 +69,12 @@ type RedisStorage struct {
 	// 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
+	// Pipeline is "on" (the default) or "off". On, decisions made while
+	// others are in flight share network round trips: they go to Redis
+	// together as one pipeline, each still one atomic script, so decisions
+	// stay exact. Off, each decision is its own round trip.
+	Pipeline string `json:"pipeline,omitempty"`
+
 	client  *pooledRedis
 	poolKey string
 	timeout time.Duration
@@ -104,7 +110,10 @@ type pooledRedis struct {
 }
 
 // Destruct closes the client when no configuration uses it any more.
-func (p *pooledRedis) Destruct() error { return p.client.Close() }
+func (p *pooledRedis) Destruct() error {
+	p.store.Close()
+	return p.client.Close()
+}
 
 // Provision resolves placeholders, checks the settings and gets the shared
 // client for them.
@@ -134,10 +143,22 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	// busy pool (load on this instance) from a slow Redis.
 	opts.PoolTimeout = r.timeout * 3 / 4
 
-	r.poolKey = redisPoolKey(opts, prefix)
+	pipeline := true
+	switch r.Pipeline {
+	case "", "on":
+	case "off":
+		pipeline = false
+	default:
+		return fmt.Errorf("pipeline: must be on or off, got %q", r.Pipeline)
+	}
+
+	r.poolKey = redisPoolKey(opts, prefix, pipeline)
 	v, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
 		c := goredis.NewUniversalClient(opts)
 		p := &pooledRedis{client: c, store: redisstore.New(c, prefix)}
+		if pipeline {
+			p.store = redisstore.NewPipelined(c, prefix)
+		}
 		p.health.logger = r.logger
 		return p, nil
 	})
@@ -289,9 +310,9 @@ func redactURL(s string) string {
 
 // redisPoolKey identifies a client by every setting that makes it
 // different, hashed so that the password is not kept in the clear.
-func redisPoolKey(o *goredis.UniversalOptions, prefix string) string {
+func redisPoolKey(o *goredis.UniversalOptions, prefix string, pipeline bool) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%q|%q|%q|%d|%q|%d|%v|%q|%d", o.Addrs, o.Username, o.Password, o.DB, o.MasterName, o.PoolSize, o.TLSConfig != nil && o.TLSConfig.InsecureSkipVerify, prefix, o.ReadTimeout)
+	fmt.Fprintf(h, "%q|%q|%q|%d|%q|%d|%v|%q|%d|%v", o.Addrs, o.Username, o.Password, o.DB, o.MasterName, o.PoolSize, o.TLSConfig != nil && o.TLSConfig.InsecureSkipVerify, prefix, o.ReadTimeout, pipeline)
 	if o.TLSConfig != nil {
 		h.Write([]byte("|tls"))
 	}
@@ -406,6 +427,7 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 //		key_prefix <string>         # default "tollgate:"
 //		timeout    <duration>       # per decision, default 100ms
 //		pool_size  <n>
+//		pipeline   on|off           # batch concurrent decisions; default on
 //	}
 func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name
@@ -456,6 +478,11 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var v int64
 			v, err = intArg(d)
 			r.PoolSize = int(v)
+		case "pipeline":
+			r.Pipeline, err = stringArg(d)
+			if err == nil && r.Pipeline != "on" && r.Pipeline != "off" {
+				return d.Errf("storage redis: pipeline: must be on or off, got '%s'", r.Pipeline)
+			}
 		default:
 			return d.Errf("storage redis: unrecognized subdirective '%s'", opt)
 		}

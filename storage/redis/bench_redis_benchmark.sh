@@ -52,15 +52,17 @@ sha=$(cat "$here/common.lua" "$here/bucket.lua" "$here/single.lua" | redis-cli -
 
 # ARGV as the store passes them for token_bucket, 100 events per second,
 # cost 1: op, now (-1: the server's clock), TTL slack, inc(cost) = Unit,
-# the algorithm's code, Tau, Unit, max delay. redis-benchmark replaces
-# __rand_int__ with 12 digits, so the resolved key is 19 bytes long.
+# ta and tr (for undo only), the algorithm's code, Tau, Unit, max delay,
+# scale. redis-benchmark replaces __rand_int__ with 12 digits, so the
+# resolved key is 19 bytes long.
 key='tollgate:{19:client-__rand_int__}5:bench:tb'
-args=(t -1 0 10000 tb 1000000 10000 0)
+args=(t -1 0 10000 0 0 tb 1000000 10000 0 1)
 redis-cli -p "$port" EVALSHA "$sha" 1 "${key/__rand_int__/000000000000}" "${args[@]}" >/dev/null
 
 echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on 127.0.0.1:$port, EVALSHA $sha, $n requests per run"
-for c in 1 16 64; do
-	printf "clients=%-3s " "$c"
-	redis-benchmark -p "$port" -c "$c" -n "$n" -r 10000 -q EVALSHA "$sha" 1 "$key" "${args[@]}" |
+for run in "1 1" "16 1" "64 1" "64 16"; do
+	set -- $run
+	printf "clients=%-3s pipeline=%-3s " "$1" "$2"
+	redis-benchmark -p "$port" -c "$1" -P "$2" -n "$n" -r 10000 -q EVALSHA "$sha" 1 "$key" "${args[@]}" |
 		tr '\r' '\n' | grep -o '[0-9.]* requests per second.*' | tail -1
 done

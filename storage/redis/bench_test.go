@@ -20,9 +20,10 @@ import (
 const benchKeys = 10_000
 
 // BenchmarkRedisTake measures token-bucket decisions per second against a
-// local redis-server, from 1, 16 and 64 concurrent callers over 10,000 keys
-// (bench_redis_benchmark.sh measures the same script with redis-benchmark,
-// the server's ceiling).
+// local redis-server, from 1, 16 and 64 concurrent callers over 10,000 keys,
+// each call on its own round trip (pipeline=off) and through the batcher
+// (pipeline=on), side by side in one run (bench_redis_benchmark.sh measures
+// the same script with redis-benchmark, unpipelined and with -P 16).
 //
 // It starts its callers itself rather than with b.RunParallel, which runs a
 // multiple of GOMAXPROCS goroutines and so cannot run exactly 1 or 16
@@ -30,14 +31,20 @@ const benchKeys = 10_000
 func BenchmarkRedisTake(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, callers := range []int{1, 16, 64} {
-		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			s := New(benchClient(b, srv, callers), DefaultPrefix)
-			zl := zoneOf(s, "bench", mustLimit(b, algorithms.TokenBucket, 100, time.Second, 0, 0))
-			benchCallers(b, callers, func(ctx context.Context, key string) error {
-				_, err := zl.Take(ctx, key, 0, algorithms.Milli)
-				return err
+		for _, pipeline := range []bool{false, true} {
+			b.Run(fmt.Sprintf("callers=%d/pipeline=%t", callers, pipeline), func(b *testing.B) {
+				s := New(benchClient(b, srv, callers), DefaultPrefix)
+				if pipeline {
+					s = NewPipelined(benchClient(b, srv, callers), DefaultPrefix)
+					defer s.Close()
+				}
+				zl := zoneOf(s, "bench", mustLimit(b, algorithms.TokenBucket, 100, time.Second, 0, 0))
+				benchCallers(b, callers, func(ctx context.Context, key string) error {
+					_, err := zl.Take(ctx, key, 0, algorithms.Milli)
+					return err
+				})
 			})
-		})
+		}
 	}
 }
 

@@ -269,7 +269,7 @@ func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []pa
 		args = append(args, p.op, p.x, block, ta, tr)
 		args = append(args, p.z.consts...)
 	}
-	v, err := multiScript.Run(ctx, s.client, keys, args...).Int64Slice()
+	v, err := s.run.run(ctx, multiScript, keys, args)
 	if err == nil && len(v) != 6*len(g) {
 		err = fmt.Errorf("%w: %v", errReply, v)
 	}

@@ -64,6 +64,8 @@ type Client interface {
 // concurrent use.
 type Store struct {
 	client Client
+	run    runner // runs the scripts: directly, or batched
+	batch  *batcher
 	prefix string
 	// group is how TakeAll splits a request's keys into the groups that
 	// one script can decide together (see grouping).
@@ -85,7 +87,7 @@ type Store struct {
 // *goredis.ClusterClient runs one script per Cluster slot; any other
 // client (a Ring, a wrapper) one per hash tag, since a Ring shards by tag.
 func New(client Client, prefix string) *Store {
-	s := &Store{client: client, prefix: prefix, group: byTag}
+	s := &Store{client: client, run: direct{client}, prefix: prefix, group: byTag}
 	switch client.(type) {
 	case *goredis.Client:
 		s.group = oneServer
@@ -93,6 +95,28 @@ func New(client Client, prefix string) *Store {
 		s.group = bySlot
 	}
 	return s
+}
+
+// NewPipelined returns a store as New does whose concurrent decisions share
+// network round trips: calls made while others are in flight go out
+// together as one pipeline (see batcher). Each decision is still one
+// atomic script. Close stops it.
+func NewPipelined(client interface {
+	Client
+	Pipeliner
+}, prefix string) *Store {
+	s := New(client, prefix)
+	s.batch = newBatcher(client)
+	s.run = s.batch
+	return s
+}
+
+// Close stops a pipelined store's batcher; calls after it fail. It does
+// not close the client.
+func (s *Store) Close() {
+	if s.batch != nil {
+		s.batch.close()
+	}
 }
 
 // Zone returns the limiter for zone z. Instances share a key's state exactly

@@ -115,7 +115,7 @@ func (z *zone) run(ctx context.Context, op, key string, now, x int64, taken algo
 	args := make([]any, 0, 6+len(z.consts))
 	args = append(args, op, z.store.clock(now), z.store.ttlSlack, x, taken.At, taken.Reset)
 	args = append(args, z.consts...)
-	v, err := z.script.Run(ctx, z.store.client, []string{z.store.key(key, z.tail)}, args...).Int64Slice()
+	v, err := z.store.run.run(ctx, z.script, []string{z.store.key(key, z.tail)}, args)
 	if err != nil {
 		return d, false, err
 	}

@@ -1,0 +1,102 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
+)
+
+// TestPipelinedParity runs the parity traces through a pipelined store,
+// many at once so that their calls share batches: every decision must be
+// the Go twin's, as through a store that runs each call alone.
+func TestPipelinedParity(t *testing.T) {
+	srv := redistest.Start(t)
+	s := NewPipelined(srv.Client(), "test:")
+	s.callerClock = true
+	s.ttlSlack = testSlack.Milliseconds()
+	defer s.Close()
+	var wg sync.WaitGroup
+	for i, tr := range parityTraces(t) {
+		wg.Add(1)
+		go func(i int, tr trace) {
+			defer wg.Done()
+			name := fmt.Sprintf("pipelined-%d", i)
+			runParity(t, zoneOf(s, name, tr.limit), "k", tr.limit, tr.steps, nil)
+		}(i, tr)
+	}
+	// Random traces too, on several keys of one zone at once.
+	for kind := algorithms.TokenBucket; kind <= algorithms.LeakyBucket; kind++ {
+		l := mustLimit(t, kind, 5, time.Second, 0, 0)
+		zl := zoneOf(s, "pipelined-random-"+kind.String(), l)
+		for k := 0; k < 4; k++ {
+			wg.Add(1)
+			go func(k int) {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(kind), uint64(k)))
+				runParity(t, zl, fmt.Sprint("k", k), l, randomSteps(rng, &l, 300, true), nil)
+			}(k)
+		}
+	}
+	wg.Wait()
+}
+
+// TestPipelinedDeadlines: a call through the batcher returns by its
+// deadline when Redis does not answer, and the batcher works again when it
+// does; a restarted server without the scripts (NOSCRIPT) is handled.
+func TestPipelinedDeadlines(t *testing.T) {
+	srv := redistest.Start(t)
+	s := NewPipelined(srv.Client(), DefaultPrefix)
+	defer s.Close()
+	zl := zoneOf(s, "dl", mustLimit(t, algorithms.TokenBucket, 100, time.Second, 0, 0))
+	if _, err := zl.Take(context.Background(), "k", 0, algorithms.Milli); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err := zl.Take(ctx, "k", 0, algorithms.Milli)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("take while Redis hangs: err %v, want the deadline", err)
+			}
+			if el := time.Since(start); el > 2*time.Second {
+				t.Errorf("take while Redis hangs returned after %s, want about its 100ms deadline", el)
+			}
+		}()
+	}
+	wg.Wait()
+	srv.Resume()
+	srv.Restart() // a new, empty server: the scripts must be sent again
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		d, err := zl.Take(ctx, "k", 0, algorithms.Milli)
+		cancel()
+		if err == nil {
+			if !d.Allowed || d.Remaining != 99 {
+				t.Fatalf("first take on the restarted server: %+v, want allowed with 99 left", d)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("take after restart: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.Close()
+	if _, err := zl.Take(context.Background(), "k", 0, algorithms.Milli); err == nil {
+		t.Fatal("take on a closed pipelined store succeeded, want an error")
+	}
+}
