@@ -159,6 +159,9 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 		if pipeline {
 			p.store = redisstore.NewPipelined(c, prefix)
 		}
+		// Rejections answered from memory until their wait ends (at
+		// most a second); resets clear them on every instance.
+		p.store.WithDenyCache(c)
 		p.health.logger = r.logger
 		return p, nil
 	})
@@ -402,7 +405,10 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 		reqs = append(reqs, redisstore.Request{Zone: lim.inner, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun})
 	}
 	c, cancel := context.WithTimeout(ctx, r.timeout)
-	ds, rejected, err := r.client.store.TakeAll(c, now, reqs)
+	// Redis decides by its own clock; the store's deny cache times its
+	// entries by this instance's monotonic one (the handler's now may be
+	// a test's fake clock).
+	ds, rejected, err := r.client.store.TakeAll(c, monotonicMicros(), reqs)
 	cancel()
 	h.observe(ctx, err)
 	if err != nil {

@@ -73,6 +73,42 @@ var (
 // back expires with its key); the caller may decide zone by zone instead.
 // A deadline of ctx bounds the decision; giving back gets as long again.
 func (s *Store) TakeAll(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, err error) {
+	if s.deny != nil && len(reqs) > 0 {
+		return s.takeCached(ctx, now, reqs)
+	}
+	return s.takeAll(ctx, now, reqs)
+}
+
+// takeCached is TakeAll with a deny cache: a request the cache answers
+// costs no round trip, and a request Redis rejects is remembered.
+func (s *Store) takeCached(ctx context.Context, now int64, reqs []Request) ([]algorithms.Decision, int, error) {
+	parts, err := s.parts(reqs)
+	if err != nil {
+		return nil, -1, fmt.Errorf("redis store: take all: %w", err)
+	}
+	ds := make([]algorithms.Decision, len(reqs))
+	if s.deny.lookup(now, parts, ds) {
+		return ds, firstRejecting(parts, ds), nil
+	}
+	ds, rejected, err := s.takeAll(ctx, now, reqs)
+	if err == nil && rejected >= 0 {
+		s.deny.store(now, parts, ds)
+	}
+	return ds, rejected, err
+}
+
+// firstRejecting is the index of the first rejecting part that is not a
+// dry run, or -1.
+func firstRejecting(parts []part, ds []algorithms.Decision) int {
+	for i := range parts {
+		if parts[i].block && !ds[i].Allowed {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *Store) takeAll(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, err error) {
 	switch len(reqs) {
 	case 0:
 		return nil, -1, nil
@@ -121,14 +157,7 @@ func (s *Store) TakeAll(ctx context.Context, now int64, reqs []Request) (ds []al
 			break
 		}
 	}
-	rejected = -1
-	for i := range parts {
-		if parts[i].block && !ds[i].Allowed {
-			rejected = i
-			break
-		}
-	}
-	return ds, rejected, nil
+	return ds, firstRejecting(parts, ds), nil
 }
 
 // part is one request as the scripts take it.

@@ -67,6 +67,10 @@ type Store struct {
 	run    runner // runs the scripts: directly, or batched
 	batch  *batcher
 	prefix string
+
+	deny       *denyCache // nil without WithDenyCache
+	pubsub     PubSub
+	stopListen func()
 	// group is how TakeAll splits a request's keys into the groups that
 	// one script can decide together (see grouping).
 	group grouping
@@ -111,11 +115,14 @@ func NewPipelined(client interface {
 	return s
 }
 
-// Close stops a pipelined store's batcher; calls after it fail. It does
-// not close the client.
+// Close stops a pipelined store's batcher (calls after it fail) and a deny
+// cache's listening. It does not close the client.
 func (s *Store) Close() {
 	if s.batch != nil {
 		s.batch.close()
+	}
+	if s.stopListen != nil {
+		s.stopListen()
 	}
 }
 

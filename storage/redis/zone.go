@@ -95,9 +95,17 @@ func (z *zone) Reset(ctx context.Context, key string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
-	n, err := z.store.client.Del(ctx, z.store.key(key, z.tail)).Result()
+	rkey := z.store.key(key, z.tail)
+	n, err := z.store.client.Del(ctx, rkey).Result()
 	if err != nil {
 		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
+	}
+	if s := z.store; s.deny != nil {
+		// Every instance's deny cache forgets the key, this one's at once.
+		s.deny.forget(rkey)
+		if err := s.pubsub.Publish(ctx, s.prefix+ResetChannel, rkey).Err(); err != nil {
+			return n > 0, fmt.Errorf("redis store: reset %q: telling the other instances: %w", z.name, err)
+		}
 	}
 	return n > 0, nil
 }

@@ -1,0 +1,158 @@
+package redis
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+)
+
+// A deny cache lets an instance answer a request that Redis just rejected,
+// when the same request (the same zones, keys and costs, or a dearer one)
+// comes again, without a round trip: a rejection says exactly how long the
+// request is refused (its Wait), and nothing but a give-back or a reset can
+// make the shared state admit it sooner. So the cache only ever rejects, and
+// only what Redis would reject, but for those two: a reset through the
+// admin API is published on Redis pub/sub and clears the key on every
+// instance that listens, and no entry is trusted for longer than
+// DenyCacheFor, which bounds how early a give-back on another instance (a
+// shaped client leaving) or a reset whose message was lost can be missed.
+
+// DenyCacheFor is the longest a cached rejection is trusted, in µs: 1s.
+const DenyCacheFor int64 = 1_000_000
+
+// denyCacheMax bounds the entries a cache holds; past it, it starts again.
+const denyCacheMax = 100_000
+
+// ResetChannel is the pub/sub channel (after the key prefix) on which a
+// reset names the Redis key it deleted.
+const ResetChannel = "reset"
+
+// denyCache maps a Redis key to what the last rejected request that
+// decided it saw there. The entries of one rejected request share a gen,
+// so that only a request decided on exactly those zones is answered from
+// them.
+type denyCache struct {
+	mu  sync.Mutex
+	m   map[string]denial
+	gen atomic.Uint64
+	// hits counts the requests answered from the cache.
+	hits atomic.Int64
+}
+
+// denial is one zone's part of a rejected request.
+type denial struct {
+	gen   uint64
+	n     int    // how many zones the request had
+	at    int64  // the caller's clock when the request was sent, µs
+	cost  int64  // what the request cost there (the script's x)
+	op    string // opCheck, or opCheckNever for a cost above the capacity
+	block bool
+	d     algorithms.Decision
+}
+
+func newDenyCache() *denyCache {
+	return &denyCache{m: make(map[string]denial)}
+}
+
+// lookup answers parts at now from the cache, filling ds, if every part
+// has an entry of one rejected request that still holds: a rejecting zone
+// refuses this cost (no less than it refused) until its wait ends, an
+// admitting zone admits it (no more than it admitted), and no entry is
+// older than DenyCacheFor. It reports whether it answered.
+func (c *denyCache) lookup(now int64, parts []part, ds []algorithms.Decision) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var gen uint64
+	rejects := false
+	for i := range parts {
+		p := &parts[i]
+		e, ok := c.m[p.key]
+		switch {
+		case !ok, i > 0 && e.gen != gen, e.n != len(parts), e.block != p.block, e.op != p.op,
+			now < e.at, now-e.at >= DenyCacheFor:
+			return false
+		case e.d.Allowed && p.x > e.cost:
+			return false // a dearer request than the one admitted here
+		case !e.d.Allowed && p.x < e.cost:
+			return false // a cheaper request than the one refused here
+		case !e.d.Allowed && e.d.Wait != algorithms.Never && now >= e.at+e.d.Wait:
+			return false // its wait is over
+		}
+		gen = e.gen
+		elapsed := now - e.at
+		d := e.d
+		d.Reset = max(0, d.Reset-elapsed)
+		if !d.Allowed && d.Wait != algorithms.Never {
+			d.Wait -= elapsed
+		}
+		if !d.Allowed && p.block {
+			rejects = true
+		}
+		ds[i] = d
+	}
+	if !rejects {
+		return false
+	}
+	c.hits.Add(1)
+	return true
+}
+
+// store remembers a request Redis rejected at now (when it was sent).
+func (c *denyCache) store(now int64, parts []part, ds []algorithms.Decision) {
+	gen := c.gen.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m)+len(parts) > denyCacheMax {
+		clear(c.m)
+	}
+	for i := range parts {
+		p := &parts[i]
+		c.m[p.key] = denial{gen: gen, n: len(parts), at: now, cost: p.x, op: p.op, block: p.block, d: ds[i]}
+	}
+}
+
+// forget drops a key's entry, after a reset.
+func (c *denyCache) forget(key string) {
+	c.mu.Lock()
+	delete(c.m, key)
+	c.mu.Unlock()
+}
+
+// PubSub is the part of a go-redis client a deny cache's resets need.
+type PubSub interface {
+	Subscribe(ctx context.Context, channels ...string) *goredis.PubSub
+	Publish(ctx context.Context, channel string, message any) *goredis.IntCmd
+}
+
+// WithDenyCache makes s answer a request it has just seen rejected from
+// memory (see denyCache) and returns s. Resets are published on ps (the
+// channel is the key prefix + ResetChannel) and s listens there for the
+// resets of every instance until Close. Call it before s decides anything.
+func (s *Store) WithDenyCache(ps PubSub) *Store {
+	s.deny = newDenyCache()
+	s.pubsub = ps
+	ctx, cancel := context.WithCancel(context.Background())
+	sub := ps.Subscribe(ctx, s.prefix+ResetChannel)
+	s.stopListen = func() {
+		cancel()
+		_ = sub.Close()
+	}
+	go func() {
+		for msg := range sub.Channel() {
+			s.deny.forget(msg.Payload)
+		}
+	}()
+	return s
+}
+
+// DenyCacheHits returns how many requests the deny cache answered.
+func (s *Store) DenyCacheHits() int64 {
+	if s.deny == nil {
+		return 0
+	}
+	return s.deny.hits.Load()
+}

@@ -1,0 +1,173 @@
+package redis
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+// scriptCalls returns how many scripts the server has run (EVALSHA and
+// EVAL), from INFO commandstats.
+func scriptCalls(t *testing.T, c *goredis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, "cmdstat_evalsha:") || strings.HasPrefix(line, "cmdstat_eval:") {
+			calls := strings.TrimPrefix(strings.Split(line, ",")[0], strings.Split(line, ":")[0]+":calls=")
+			v, _ := strconv.ParseInt(strings.TrimSpace(calls), 10, 64)
+			n += v
+		}
+	}
+	return n
+}
+
+func cachedStore(c *goredis.Client) *Store {
+	s := newTestStore(c).WithDenyCache(c)
+	return s
+}
+
+// TestDenyCacheHotKey: a key over its limit is answered from memory until
+// its wait ends, with the wait counting down; Redis sees the first
+// rejection and the first request after the wait, and the cache never
+// rejects what Redis would admit.
+func TestDenyCacheHotKey(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := cachedStore(c)
+	defer s.Close()
+	l := mustLimit(t, algorithms.TokenBucket, 2, time.Second, 0, 0) // an event every 500ms
+	zl := zoneOf(s, "hot", l)
+	reqs := func(cost int64) []Request { return []Request{{Zone: zl, Key: "k", Cost: cost}} }
+	now := epoch
+	for i := 0; i < 2; i++ {
+		if _, r, err := s.TakeAll(context.Background(), now, reqs(1000)); err != nil || r != -1 {
+			t.Fatalf("take %d: rejected %d, %v; want admitted", i, r, err)
+		}
+	}
+	before := scriptCalls(t, c)
+	for i := 0; i < 1000; i++ {
+		ds, r, err := s.TakeAll(context.Background(), now+int64(i)*400, reqs(1000)) // 0 to 399.6ms
+		if err != nil || r != 0 {
+			t.Fatalf("hot %d: rejected %d, %v; want rejected", i, r, err)
+		}
+		if want := 500*ms - int64(i)*400; ds[0].Wait != want {
+			t.Fatalf("hot %d: Wait %d, want %d (counting down)", i, ds[0].Wait, want)
+		}
+	}
+	if n := scriptCalls(t, c) - before; n != 1 {
+		t.Fatalf("1000 rejections of a hot key ran %d scripts, want 1 (the rest from the cache)", n)
+	}
+	if hits := s.DenyCacheHits(); hits != 999 {
+		t.Fatalf("cache hits %d, want 999", hits)
+	}
+	// A cheaper request than the refused one is not the cache's to refuse.
+	if _, _, err := s.TakeAll(context.Background(), now+400*ms, reqs(0)); err != nil {
+		t.Fatal(err)
+	}
+	if n := scriptCalls(t, c) - before; n != 2 {
+		t.Fatalf("a cheaper request ran %d scripts in all, want 2", n)
+	}
+	// When the wait is over, Redis decides again, and admits.
+	if _, r, err := s.TakeAll(context.Background(), now+500*ms, reqs(1000)); err != nil || r != -1 {
+		t.Fatalf("after the wait: rejected %d, %v; want admitted", r, err)
+	}
+}
+
+// TestDenyCacheNeverOlderThanASecond: a wait longer than DenyCacheFor is
+// still refused from memory only for DenyCacheFor, then asked again.
+func TestDenyCacheNeverOlderThanASecond(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := cachedStore(c)
+	defer s.Close()
+	zl := zoneOf(s, "slow", mustLimit(t, algorithms.FixedWindow, 1, time.Hour, 0, 0))
+	reqs := []Request{{Zone: zl, Key: "k", Cost: 1000}}
+	now := epoch - epoch%(3600*sec)
+	s.TakeAll(context.Background(), now, reqs)
+	s.TakeAll(context.Background(), now+1, reqs) // rejected, cached
+	before := scriptCalls(t, c)
+	s.TakeAll(context.Background(), now+1+DenyCacheFor-1, reqs) // still trusted
+	if n := scriptCalls(t, c) - before; n != 0 {
+		t.Fatalf("a rejection cached just under 1s ago ran %d scripts, want 0", n)
+	}
+	s.TakeAll(context.Background(), now+1+DenyCacheFor, reqs) // 1s after it was cached: asked again
+	if n := scriptCalls(t, c) - before; n != 1 {
+		t.Fatalf("a rejection cached 1s ago ran %d scripts, want 1", n)
+	}
+}
+
+// TestDenyCacheResetEverywhere: a reset on one instance clears the key in
+// the deny cache of another that listens on the same Redis.
+func TestDenyCacheResetEverywhere(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := cachedStore(srv.Client()), cachedStore(srv.Client())
+	defer a.Close()
+	defer b.Close()
+	l := mustLimit(t, algorithms.TokenBucket, 1, time.Hour, 0, 0)
+	za, zb := zoneOf(a, "reset", l), zoneOf(b, "reset", l)
+	now := epoch
+	a.TakeAll(context.Background(), now, []Request{{Zone: za, Key: "k", Cost: 1000}})
+	if _, r, _ := a.TakeAll(context.Background(), now, []Request{{Zone: za, Key: "k", Cost: 1000}}); r != 0 {
+		t.Fatal("second take admitted, want rejected (and cached)")
+	}
+	time.Sleep(100 * time.Millisecond) // a's subscription is up
+	if ok, err := zb.Reset(context.Background(), "k"); !ok || err != nil {
+		t.Fatalf("reset on b: %v, %v", ok, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, r, err := a.TakeAll(context.Background(), now, []Request{{Zone: za, Key: "k", Cost: 1000}})
+		if err == nil && r == -1 {
+			break // a asked Redis, which had forgotten the key
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("after a reset on another instance, a still rejects from its cache")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDenyCacheMultiZone: a request two zones rejected is answered from
+// the cache with both zones' waits; a request that only one of the zones
+// applies to is not the cache's.
+func TestDenyCacheMultiZone(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := cachedStore(c)
+	defer s.Close()
+	fast := zoneOf(s, "fast", mustLimit(t, algorithms.TokenBucket, 1, time.Second, 0, 0))
+	slow := zoneOf(s, "slowz", mustLimit(t, algorithms.TokenBucket, 1, time.Minute, 0, 0))
+	both := []Request{{Zone: fast, Key: "k", Cost: 1000}, {Zone: slow, Key: "k", Cost: 1000}}
+	now := epoch
+	s.TakeAll(context.Background(), now, both)
+	ds, r, _ := s.TakeAll(context.Background(), now+1, both)
+	if r != 0 || ds[1].Allowed {
+		t.Fatalf("second: rejected %d, %+v; want both zones rejecting", r, ds)
+	}
+	before := scriptCalls(t, c)
+	ds, r, _ = s.TakeAll(context.Background(), now+2, both)
+	if r != 0 || ds[1].Wait != 60*sec-2 {
+		t.Fatalf("cached: rejected %d, %+v; want the slow zone's wait 59.999998s", r, ds)
+	}
+	if n := scriptCalls(t, c) - before; n != 0 {
+		t.Fatalf("the cached request ran %d scripts, want 0", n)
+	}
+	hits := s.DenyCacheHits()
+	s.TakeAll(context.Background(), now+3, []Request{{Zone: fast, Key: "k", Cost: 1000}})
+	if n := scriptCalls(t, c) - before; n == 0 || s.DenyCacheHits() != hits {
+		t.Fatalf("a request of one of the zones ran %d scripts and hit the cache %d times, want Redis to decide it", n, s.DenyCacheHits()-hits)
+	}
+	var _ storage.Limiter = fast
+}
