@@ -147,3 +147,22 @@ func TestRedisClusterThroughCaddy(t *testing.T) {
 		checkExact(t, hammer(t, tester, key, 24, 2*time.Second))
 	}
 }
+
+// TestRedisClusterBehindOneAddress: a Cluster given by one of its nodes
+// with cluster (as a managed Cluster's configuration endpoint), in the
+// Caddyfile and as a URL: the keys on other nodes are found (no MOVED
+// errors) and decided exactly. Without the flag one address is a
+// standalone Redis, which a Cluster answers with MOVED: store errors.
+func TestRedisClusterBehindOneAddress(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	for _, storage := range []string{
+		"addresses " + cluster.Addrs[0] + "\n\t\t\t\tcluster",
+		"url redis+cluster://" + cluster.Addrs[1] + "/0",
+	} {
+		tester := caddytest.NewTester(t)
+		tester.InitServer(threeInstances(storage), "caddyfile")
+		for _, key := range []string{"alpha", "bravo", "charlie"} {
+			checkExact(t, hammer(t, tester, key+"-"+storage[:3], 12, time.Second))
+		}
+	}
+}

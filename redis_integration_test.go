@@ -240,6 +240,9 @@ func TestRedisValidation(t *testing.T) {
 		{"unknown option", "storage redis {\n flavour x\n}", "storage redis: unrecognized subdirective 'flavour'"},
 		{"option twice", "storage redis {\n db 1\n db 2\n}", "storage redis: option 'db' given twice"},
 		{"bad pipeline", "storage redis {\n pipeline maybe\n}", "storage redis: pipeline: must be on or off, got 'maybe'"},
+		{"cluster db", "storage redis {\n addresses a:1\n cluster\n db 2\n}", "db: a Redis Cluster has only database 0, got 2"},
+		{"cluster with an argument", "storage redis {\n cluster yes\n}", "wrong argument count"},
+		{"cluster and sentinel", "storage redis {\n addresses a:1\n cluster\n sentinel_master m\n}", "cluster and sentinel_master: a Sentinel-managed Redis is not a Cluster"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := validate(site(c.storage))

@@ -69,6 +69,12 @@ type RedisStorage struct {
 	// 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
+	// Cluster makes a single address a Redis Cluster's configuration
+	// endpoint (as AWS ElastiCache and Google Memorystore give one), instead
+	// of a standalone Redis. Several addresses are a Cluster without it. The
+	// URL form is redis+cluster:// or rediss+cluster://.
+	Cluster bool `json:"cluster,omitempty"`
+
 	// Pipeline is "on" (the default) or "off". On, decisions made while
 	// others are in flight share network round trips: they go to Redis
 	// together as one pipeline, each still one atomic script, so decisions
@@ -198,9 +204,15 @@ func (r *RedisStorage) options() (*goredis.UniversalOptions, error) {
 		}
 		o.Addrs = append(o.Addrs, a)
 	}
+	o.IsClusterMode = r.Cluster
 	if u := repl.ReplaceAll(r.URL, ""); u != "" {
 		if len(o.Addrs) > 0 {
 			return nil, fmt.Errorf("url and addresses: give one or the other")
+		}
+		for _, scheme := range []string{"redis", "rediss"} {
+			if rest, ok := strings.CutPrefix(u, scheme+"+cluster://"); ok {
+				u, o.IsClusterMode = scheme+"://"+rest, true
+			}
 		}
 		parsed, err := parseRedisURL(u)
 		if err != nil {
@@ -221,8 +233,11 @@ func (r *RedisStorage) options() (*goredis.UniversalOptions, error) {
 	if len(o.Addrs) == 0 {
 		o.Addrs = []string{"localhost:6379"}
 	}
-	if o.MasterName == "" && len(o.Addrs) > 1 && o.DB != 0 {
+	if o.MasterName == "" && (len(o.Addrs) > 1 || o.IsClusterMode) && o.DB != 0 {
 		return nil, fmt.Errorf("db: a Redis Cluster has only database 0, got %d", o.DB)
+	}
+	if o.MasterName != "" && o.IsClusterMode {
+		return nil, fmt.Errorf("cluster and sentinel_master: a Sentinel-managed Redis is not a Cluster; give one or the other")
 	}
 	if r.TLS != nil {
 		if o.TLSConfig == nil {
@@ -433,6 +448,7 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 //		key_prefix <string>         # default "tollgate:"
 //		timeout    <duration>       # per decision, default 100ms
 //		pool_size  <n>
+//		cluster                     # one address that is a Cluster's endpoint
 //		pipeline   on|off           # batch concurrent decisions; default on
 //	}
 func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -484,6 +500,11 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var v int64
 			v, err = intArg(d)
 			r.PoolSize = int(v)
+		case "cluster":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			r.Cluster = true
 		case "pipeline":
 			r.Pipeline, err = stringArg(d)
 			if err == nil && r.Pipeline != "on" && r.Pipeline != "off" {

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# bench_http.sh measures Tollgate through a real Caddy with wrk, every route
+# in one Caddy process and one run, so that the ratios compare like with
+# like: a bare `respond` route (the reference), a zone on the memory store
+# allowing every request (10,000 keys from a header, default ietf headers),
+# the same zone on Redis, and one hot key always over its limit on the
+# memory store and on Redis (the reject path). It starts its own
+# redis-server on a free loopback port, and reports requests/s per route,
+# the ratios, and how many scripts Redis ran for the hot key's rejections.
+#
+# Usage: scripts/bench_http.sh [seconds per route, default 10] [connections, default 64]
+# Needs Go, wrk and redis-server (apt-get install wrk redis-server).
+set -euo pipefail
+secs=${1:-10}
+conns=${2:-64}
+cd "$(dirname "$0")/.."
+for bin in wrk redis-server redis-cli; do
+	command -v "$bin" >/dev/null || { echo "$bin not installed: apt-get install wrk redis-server" >&2; exit 1; }
+done
+
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+rport=$(freeport)
+redis-server --port "$rport" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+	--daemonize no --protected-mode no --logfile "$dir/redis.log" &
+pids+=($!)
+for _ in $(seq 50); do redis-cli -p "$rport" PING >/dev/null 2>&1 && break; sleep 0.1; done
+
+go build -o "$dir/caddy" ./cmd/caddy
+hport=$(freeport)
+aport=$(freeport)
+cat >"$dir/Caddyfile" <<EOF
+{
+	admin localhost:$aport
+	http_port $hport
+	auto_https off
+	log {
+		output discard
+	}
+}
+http://:$hport {
+	route /bare {
+		respond "ok"
+	}
+	route /memory {
+		rate_limit {
+			zone mem {
+				key {http.request.header.X-Key}
+				rate 1000000/s
+			}
+		}
+		respond "ok"
+	}
+	route /redis {
+		rate_limit {
+			zone red {
+				key {http.request.header.X-Key}
+				rate 1000000/s
+			}
+			storage redis {
+				addresses 127.0.0.1:$rport
+			}
+		}
+		respond "ok"
+	}
+	route /memory-hot {
+		rate_limit {
+			zone memhot {
+				key {http.request.header.X-Key}
+				rate 1/h
+			}
+		}
+		respond "ok"
+	}
+	route /redis-hot {
+		rate_limit {
+			zone redhot {
+				key {http.request.header.X-Key}
+				rate 1/h
+			}
+			storage redis {
+				addresses 127.0.0.1:$rport
+			}
+		}
+		respond "ok"
+	}
+}
+EOF
+"$dir/caddy" run --config "$dir/Caddyfile" --adapter caddyfile >"$dir/caddy.out" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -s "http://127.0.0.1:$hport/bare" >/dev/null 2>&1 && break; sleep 0.1; done
+
+# 10,000 keys, one per request at random; a hot key for the reject routes.
+cat >"$dir/keys.lua" <<'EOF'
+request = function()
+	wrk.headers["X-Key"] = "client-" .. math.random(10000)
+	return wrk.format(nil)
+end
+EOF
+cat >"$dir/hot.lua" <<'EOF'
+wrk.headers["X-Key"] = "hot"
+EOF
+
+run() { # route script -> requests/s
+	wrk -t2 -c"$conns" -d"${secs}s" -s "$dir/$2" "http://127.0.0.1:$hport/$1" | awk '/Requests\/sec/ {print $2}'
+}
+curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/memory-hot" >/dev/null
+curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/redis-hot" >/dev/null
+run bare keys.lua >/dev/null # warm up
+bare=$(run bare keys.lua)
+mem=$(run memory keys.lua)
+red=$(run redis keys.lua)
+bare2=$(run bare hot.lua)
+before=$(redis-cli -p "$rport" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {n += $3} END {print n+0}')
+memhot=$(run memory-hot hot.lua)
+redhot=$(run redis-hot hot.lua)
+after=$(redis-cli -p "$rport" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {n += $3} END {print n+0}')
+rejected=$(python3 -c "print(int(float('$redhot') * $secs))")
+
+ratio() { python3 -c "print(f'{float(\"$1\")/float(\"$2\"):.2f}')"; }
+echo "wrk -c$conns, ${secs}s per route, one Caddy, redis-server on 127.0.0.1:$rport"
+printf "%-34s %12s %8s\n" route requests/s ratio
+printf "%-34s %12s %8s\n" "bare respond (10,000 keys)" "$bare" 1.00
+printf "%-34s %12s %8s\n" "memory zone, allowed (ietf)" "$mem" "$(ratio "$mem" "$bare")"
+printf "%-34s %12s %8s\n" "redis zone, allowed (ietf)" "$red" "$(ratio "$red" "$bare")"
+printf "%-34s %12s %8s\n" "bare respond (hot key)" "$bare2" 1.00
+printf "%-34s %12s %8s\n" "memory zone, hot key rejected" "$memhot" "$(ratio "$memhot" "$bare2")"
+printf "%-34s %12s %8s\n" "redis zone, hot key rejected" "$redhot" "$(ratio "$redhot" "$bare2")"
+echo "redis vs memory, allowed: $(ratio "$red" "$mem"); rejected: $(ratio "$redhot" "$memhot")"
+echo "scripts Redis ran for about $rejected hot-key rejections: $((after - before))"
