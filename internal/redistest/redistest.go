@@ -273,3 +273,83 @@ func freePort(tb testing.TB) int {
 func withTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
 }
+
+// Sentinel is a Sentinel-managed Redis for tests: a master, a replica and
+// three sentinels, each a process started here on a free loopback port.
+type Sentinel struct {
+	Master, Replica *Server
+	// Sentinels are the sentinels' addresses; Name is the master's name.
+	Sentinels []string
+	Name      string
+}
+
+// StartSentinel starts a master, its replica and three sentinels that
+// watch it (down after 1s, failover timeout 5s) and waits until the
+// sentinels know the replica. The processes stop when the test ends.
+func StartSentinel(tb testing.TB) *Sentinel {
+	tb.Helper()
+	bin := lookPath(tb, "redis-server")
+	s := &Sentinel{Name: "tollgate-test"}
+	s.Master = StartWith(tb)
+	_, mport, _ := net.SplitHostPort(s.Master.Addr)
+	s.Replica = StartWith(tb, "--replicaof", "127.0.0.1", mport)
+	for i := 0; i < 3; i++ {
+		port := freePort(tb)
+		dir := tb.TempDir()
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
+			"sentinel monitor %s 127.0.0.1 %s 2\n"+
+			"sentinel down-after-milliseconds %s 1000\n"+
+			"sentinel failover-timeout %s 5000\n"+
+			"sentinel parallel-syncs %s 1\n", port, dir, s.Name, mport, s.Name, s.Name, s.Name)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			tb.Fatal(err)
+		}
+		log, err := os.Create(filepath.Join(dir, "sentinel.log"))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cmd := exec.Command(bin, conf, "--sentinel")
+		cmd.Stdout, cmd.Stderr = log, log
+		cmd.SysProcAttr = sysProcAttr()
+		if err := cmd.Start(); err != nil {
+			tb.Fatalf("redistest: starting a sentinel: %v", err)
+		}
+		tb.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); log.Close() })
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		s.Sentinels = append(s.Sentinels, addr)
+	}
+	// Wait until every sentinel answers and knows the replica.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, addr := range s.Sentinels {
+		c := goredis.NewSentinelClient(&goredis.Options{Addr: addr})
+		for {
+			ctx, cancel := withTimeout(time.Second)
+			replicas, err := c.Replicas(ctx, s.Name).Result()
+			cancel()
+			if err == nil && len(replicas) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("redistest: sentinel %s not ready: %v", addr, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_ = c.Close()
+	}
+	return s
+}
+
+// MasterAddr asks a sentinel which server is the master now.
+func (s *Sentinel) MasterAddr(tb testing.TB) string {
+	tb.Helper()
+	c := goredis.NewSentinelClient(&goredis.Options{Addr: s.Sentinels[0]})
+	defer c.Close()
+	ctx, cancel := withTimeout(2 * time.Second)
+	defer cancel()
+	hp, err := c.GetMasterAddrByName(ctx, s.Name).Result()
+	if err != nil || len(hp) != 2 {
+		tb.Fatalf("redistest: asking sentinel for the master: %v", err)
+	}
+	return net.JoinHostPort(hp[0], hp[1])
+}
