@@ -78,6 +78,11 @@ func newBatcher(client Pipeliner) *batcher {
 }
 
 func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string, args []any) ([]int64, error) {
+	select {
+	case <-b.stop:
+		return nil, goredis.ErrClosed
+	default:
+	}
 	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 	select {
 	case b.calls <- c:
@@ -91,6 +96,10 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 		return c.v, c.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-b.stop:
+		// Closed: the workers are gone, or going, and a call queued
+		// after close drained the queue would wait forever.
+		return nil, goredis.ErrClosed
 	}
 }
 

@@ -130,23 +130,36 @@ type PubSub interface {
 
 // WithDenyCache makes s answer a request it has just seen rejected from
 // memory (see denyCache) and returns s. Resets are published on ps (the
-// channel is the key prefix + ResetChannel) and s listens there for the
-// resets of every instance until Close. Call it before s decides anything.
+// channel is the key prefix + ResetChannel), and from its first decision
+// on, s listens there for the resets of every instance until Close (so
+// that a configuration that is only validated connects to nothing). Call
+// it before s decides anything.
 func (s *Store) WithDenyCache(ps PubSub) *Store {
 	s.deny = newDenyCache()
 	s.pubsub = ps
-	ctx, cancel := context.WithCancel(context.Background())
-	sub := ps.Subscribe(ctx, s.prefix+ResetChannel)
-	s.stopListen = func() {
-		cancel()
-		_ = sub.Close()
-	}
-	go func() {
-		for msg := range sub.Channel() {
-			s.deny.forget(msg.Payload)
-		}
-	}()
 	return s
+}
+
+// listen subscribes to the resets, once.
+func (s *Store) listen() {
+	s.listenOnce.Do(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.closed {
+			return
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		sub := s.pubsub.Subscribe(ctx, s.prefix+ResetChannel)
+		s.stopListen = func() {
+			cancel()
+			_ = sub.Close()
+		}
+		go func() {
+			for msg := range sub.Channel() {
+				s.deny.forget(msg.Payload)
+			}
+		}()
+	})
 }
 
 // DenyCacheHits returns how many requests the deny cache answered.

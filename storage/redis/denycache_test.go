@@ -35,6 +35,7 @@ func scriptCalls(t *testing.T, c *goredis.Client) int64 {
 
 func cachedStore(c *goredis.Client) *Store {
 	s := newTestStore(c).WithDenyCache(c)
+	s.listen()
 	return s
 }
 

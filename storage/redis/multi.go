@@ -82,6 +82,7 @@ func (s *Store) TakeAll(ctx context.Context, now int64, reqs []Request) (ds []al
 // takeCached is TakeAll with a deny cache: a request the cache answers
 // costs no round trip, and a request Redis rejects is remembered.
 func (s *Store) takeCached(ctx context.Context, now int64, reqs []Request) ([]algorithms.Decision, int, error) {
+	s.listen()
 	parts, err := s.parts(reqs)
 	if err != nil {
 		return nil, -1, fmt.Errorf("redis store: take all: %w", err)

@@ -37,6 +37,7 @@ package redis
 import (
 	"context"
 	"strconv"
+	"sync"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -70,7 +71,10 @@ type Store struct {
 
 	deny       *denyCache // nil without WithDenyCache
 	pubsub     PubSub
+	listenOnce sync.Once
+	mu         sync.Mutex // guards stopListen and closed
 	stopListen func()
+	closed     bool
 	// group is how TakeAll splits a request's keys into the groups that
 	// one script can decide together (see grouping).
 	group grouping
@@ -121,6 +125,9 @@ func (s *Store) Close() {
 	if s.batch != nil {
 		s.batch.close()
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
 	if s.stopListen != nil {
 		s.stopListen()
 	}
