@@ -19,6 +19,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -300,15 +301,10 @@ func panel(b *bytes.Buffer, r run, x0, y0 float64, w, h int) {
 	b.WriteString("</g>\n")
 }
 
-// step draws the running count of the times ts (sorted or not) as a step
+// step draws the running count of the times ts, in any order, as a step
 // line over the whole axis; its data-total is the count it ends at.
 func step(b *bytes.Buffer, class string, ts []int64, px func(int64) float64, py func(int) float64, col, extra string) {
-	sorted := append([]int64(nil), ts...)
-	for i := 1; i < len(sorted); i++ { // insertion sort: short, nearly sorted
-		for j := i; j > 0 && sorted[j] < sorted[j-1]; j-- {
-			sorted[j], sorted[j-1] = sorted[j-1], sorted[j]
-		}
-	}
+	sorted := slices.Sorted(slices.Values(ts))
 	pts := []string{fmt.Sprintf("%.2f,%.2f", px(0), py(0))}
 	n := 0
 	for _, t := range sorted {
