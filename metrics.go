@@ -97,7 +97,7 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 		return nil
 	}
 	m := &rateLimitMetrics
-	for _, c := range []prometheus.Collector{m.requests, m.storeSeconds, m.stores} {
+	for _, c := range rateLimitCollectors() {
 		if err := reg.Register(c); err != nil {
 			// Another handler of this configuration registered it.
 			var are prometheus.AlreadyRegisteredError
@@ -119,6 +119,14 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 		}
 	}
 	return nil
+}
+
+// rateLimitCollectors are the collectors provisionMetrics registers:
+// every metric Tollgate exports (docs/grafana-dashboard.json and
+// docs/prometheus-alerts.yml are tested against them).
+func rateLimitCollectors() []prometheus.Collector {
+	m := &rateLimitMetrics
+	return []prometheus.Collector{m.requests, m.storeSeconds, m.stores}
 }
 
 // storeStart returns the time a store decision starts, for storeDone.

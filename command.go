@@ -1,0 +1,103 @@
+package tollgate
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "rate-limit",
+		Usage: "[--address <admin>] zones | show <zone> <key> | reset <zone> <key>",
+		Short: "Lists rate-limit zones, shows or resets a key through the admin API",
+		Long: `
+Talks to the rate-limit admin API (admin.api.rate_limit) of a running Caddy
+and prints what it answers, as JSON.
+
+  zones               the live zones and their key counts
+  show <zone> <key>   one key's state: allowed, remaining, reset, wait
+  reset <zone> <key>  reset the key: its next request finds a fresh state
+
+<key> is the resolved key as the zone's key template produces it (an IP
+address, an API key, a user name), given as it is: the command escapes it
+for the URL, '/', spaces, '%' and IPv6 addresses included. An IP address
+is grouped by the zone's ipv4_prefix/ipv6_prefix and a long key hashed,
+as the handler does.
+
+--address is the admin endpoint, by default Caddy's (localhost:2019, or
+the CADDY_ADMIN environment variable). An unknown zone or key, or a store
+that cannot answer, is an error, with the API's answer.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.PersistentFlags().String("address", "", "The address of Caddy's admin API, if not the default")
+			for _, sub := range []struct {
+				use, short string
+				method     string
+				args       int
+			}{
+				{"zones", "Lists the live zones and their key counts", http.MethodGet, 0},
+				{"show <zone> <key>", "Shows one key's state", http.MethodGet, 2},
+				{"reset <zone> <key>", "Resets one key", http.MethodDelete, 2},
+			} {
+				cmd.AddCommand(&cobra.Command{
+					Use:   sub.use,
+					Short: sub.short,
+					Args:  cobra.ExactArgs(sub.args),
+					RunE: func(cmd *cobra.Command, args []string) error {
+						address, err := cmd.Flags().GetString("address")
+						if err != nil {
+							return err
+						}
+						return rateLimitRequest(cmd.OutOrStdout(), address, sub.method, args)
+					},
+				})
+			}
+		},
+	})
+}
+
+// rateLimitRequest sends one request of `caddy rate-limit` to the admin
+// API at address (Caddy's default when empty) and copies the answer to w:
+// GET /rate_limit/zones without args, the key's endpoint with a zone and
+// a key. An answer other than 2xx is an error that quotes it.
+func rateLimitRequest(w io.Writer, address, method string, args []string) error {
+	address, err := caddycmd.DetermineAdminAPIAddress(address, nil, "", "")
+	if err != nil {
+		return fmt.Errorf("determining the admin API address: %w", err)
+	}
+	uri := adminPrefix + "zones"
+	if len(args) == 2 {
+		uri = keyURI(args[0], args[1])
+	}
+	resp, err := caddycmd.AdminAPIRequest(address, method, uri, nil, nil)
+	if err != nil {
+		return fmt.Errorf("%s %s at %s: %w", method, uri, address, err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("reading the answer of %s %s: %w", method, uri, err)
+	}
+	return nil
+}
+
+// keyURI is the admin API path of a key in a zone, each one path segment.
+func keyURI(zone, key string) string {
+	return adminPrefix + "zones/" + pathSegment(zone) + "/keys/" + pathSegment(key)
+}
+
+// pathSegment escapes s as one path segment: url.PathEscape escapes '/',
+// '%', '?', '#' and spaces, and keeps the ':' of an IPv6 address, which a
+// segment may hold. A segment "." or ".." is escaped too, or the admin
+// endpoint's mux would clean it away as a step in the path.
+func pathSegment(s string) string {
+	if s == "." || s == ".." {
+		return strings.Repeat("%2E", len(s))
+	}
+	return url.PathEscape(s)
+}
