@@ -29,7 +29,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	rate_limit [<matcher>] {
 //		zone <name> {
-//			match {
+//			match {             # several: any of them
 //				<matchers>
 //			}
 //			key          <template>
@@ -56,7 +56,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		disable_metrics
 //	}
 //
-// An option given twice is an error. Every value is checked here, by the
+// An option given twice is an error, but for match. Every value is checked here, by the
 // same checks as a JSON config's (Zone.validate and Validate), so that an
 // error names the file and line of the field and its value.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -162,7 +162,9 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 	at := map[string]caddyfile.Token{} // where each option is written
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if _, seen := at[opt]; seen {
+		// match may be given several times: the zone applies to a
+		// request that any of them matches (as in mholt/caddy-ratelimit).
+		if _, seen := at[opt]; seen && opt != "match" {
 			return d.Errf("zone '%s': option '%s' given twice", name, opt)
 		}
 		at[opt] = d.Token()

@@ -153,3 +153,41 @@ func TestDisableMetrics(t *testing.T) {
 		`caddy_http_rate_limit_keys{zone="dm_on"}`:  1,
 	})
 }
+
+// TestSeveralMatchBlocks: a zone with several match blocks applies to a
+// request that any of them matches, as in mholt/caddy-ratelimit.
+func TestSeveralMatchBlocks(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone several_match {
+				match {
+					path /a
+				}
+				match {
+					header X-Limit yes
+				}
+				key static
+				rate 1/h
+			}
+		}
+		respond "ok"
+	}`, "caddyfile")
+	advance(time.Hour)
+	for i, s := range []struct {
+		path, header string
+		status       int
+	}{
+		{"/a", "X-Other: 1", 200},
+		{"/a", "X-Other: 1", 429},   // the first match block
+		{"/b", "X-Limit: yes", 429}, // the second one: the same zone and key
+		{"/b", "X-Limit: no", 200},  // neither
+		{"/b", "X-Limit: no", 200},
+	} {
+		resp, _ := get(t, tester, s.path, s.header)
+		if resp.StatusCode != s.status {
+			t.Errorf("request %d: GET %s with %s: status %d, want %d", i, s.path, s.header, resp.StatusCode, s.status)
+		}
+	}
+}
