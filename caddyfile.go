@@ -29,7 +29,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	rate_limit [<matcher>] {
 //		zone <name> {
-//			match {
+//			match {             # several: any of them
 //				<matchers>
 //			}
 //			key          <template>
@@ -53,22 +53,26 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_keys <n>
 //		sweep_interval <duration>
 //		log_key
+//		disable_metrics
 //	}
 //
-// An option given twice is an error.
+// An option given twice is an error, but for match. Every value is checked here, by the
+// same checks as a JSON config's (Zone.validate and Validate), so that an
+// error names the file and line of the field and its value.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
+	directive := d.Token()
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
+	at := map[string]caddyfile.Token{} // where each option is written
 	for d.NextBlock(0) {
 		opt := d.Val()
 		if opt != "zone" {
-			if seen[opt] {
+			if _, seen := at[opt]; seen {
 				return d.Errf("option '%s' given twice", opt)
 			}
-			seen[opt] = true
+			at[opt] = d.Token()
 		}
 		switch opt {
 		case "zone":
@@ -80,8 +84,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			name := d.Val()
-			modID := "http.handlers.rate_limit.storage." + name
-			unm, err := caddyfile.UnmarshalModule(d, modID)
+			if err := storageModuleError(name); err != nil {
+				return d.WrapErr(err)
+			}
+			unm, err := caddyfile.UnmarshalModule(d, storageNamespace+"."+name)
 			if err != nil {
 				return err
 			}
@@ -90,9 +96,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Headers = d.RemainingArgs()
 			if len(h.Headers) == 0 {
 				return d.ArgErr()
-			}
-			if _, err := parseHeaderModes(h.Headers); err != nil {
-				return d.Err(err.Error())
 			}
 		case "status":
 			v, err := intArg(d)
@@ -123,16 +126,25 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.LogKey = true
+		case "disable_metrics":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.DisableMetrics = true
 		case "distributed":
-			return d.Err("'distributed' is mholt/caddy-ratelimit's storage sync; use 'storage redis' for one exact limit across instances")
+			return d.WrapErr(errDistributed)
 		default:
 			return d.Errf("unrecognized subdirective '%s'", opt)
 		}
+	}
+	if err := h.Validate(); err != nil {
+		return errAt(tokenFor(err, at, directive), err)
 	}
 	return nil
 }
 
 func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
+	zoneTok := d.Token()
 	if !d.NextArg() {
 		return d.ArgErr()
 	}
@@ -147,13 +159,15 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		return d.Errf("zone '%s' defined twice", name)
 	}
 	z := new(Zone)
-	seen := map[string]bool{}
+	at := map[string]caddyfile.Token{} // where each option is written
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if seen[opt] {
+		// match may be given several times: the zone applies to a
+		// request that any of them matches (as in mholt/caddy-ratelimit).
+		if _, seen := at[opt]; seen && opt != "match" {
 			return d.Errf("zone '%s': option '%s' given twice", name, opt)
 		}
-		seen[opt] = true
+		at[opt] = d.Token()
 		var err error
 		switch opt {
 		case "match":
@@ -170,9 +184,6 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		case "window":
 			z.Window, err = durationArg(d)
 		case "rate":
-			if seen["events"] || seen["window"] {
-				return d.Errf("zone '%s': rate is shorthand for events and window; give one or the other", name)
-			}
 			var s string
 			if s, err = stringArg(d); err == nil {
 				var window time.Duration
@@ -217,11 +228,20 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
-	if seen["rate"] && (seen["events"] || seen["window"]) {
-		return d.Errf("zone '%s': rate is shorthand for events and window; give one or the other", name)
+	_, rate := at["rate"]
+	_, events := at["events"]
+	_, window := at["window"]
+	if rate && (events || window) {
+		return errAt(at["rate"], fmt.Errorf("zone '%s': rate is shorthand for events and window; give one or the other", name))
 	}
-	if !seen["rate"] && (!seen["events"] || !seen["window"]) {
-		return d.Errf("zone '%s': a zone requires both events and window (or rate)", name)
+	if !rate && (!events || !window) {
+		return errAt(zoneTok, fmt.Errorf("zone '%s': a zone requires both events and window (or rate)", name))
+	}
+	if rate {
+		at["events"], at["window"] = at["rate"], at["rate"]
+	}
+	if err := z.validate(); err != nil {
+		return errAt(tokenFor(err, at, zoneTok), fmt.Errorf("zone '%s': %w", name, err))
 	}
 	if h.RateLimits == nil {
 		h.RateLimits = make(map[string]*Zone)
@@ -238,6 +258,29 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		h.ZoneOrder = append(h.ZoneOrder, name)
 	}
 	return nil
+}
+
+// tokenFor returns where the field an error is about is written: the
+// option the error starts with ("burst: ...", or "burst and max_delay:
+// ..."), else def.
+func tokenFor(err error, at map[string]caddyfile.Token, def caddyfile.Token) caddyfile.Token {
+	field, _, ok := strings.Cut(err.Error(), ": ")
+	if !ok {
+		return def
+	}
+	field, _, _ = strings.Cut(field, " and ")
+	if tok, ok := at[field]; ok {
+		return tok
+	}
+	return def
+}
+
+// errAt returns err with the file and line of tok (and its import chain),
+// as the Dispenser's own errors have them.
+func errAt(tok caddyfile.Token, err error) error {
+	d := caddyfile.NewDispenser([]caddyfile.Token{tok})
+	d.Next()
+	return d.WrapErr(err)
 }
 
 // ParseRate parses a rate such as "10/s", "600/m", "5000/h", "2/d" or

@@ -55,7 +55,7 @@ func TestValidateRejectsBadInput(t *testing.T) {
 		{"on_storage_error unknown", zone("rate 5/s\non_storage_error panic"), `on_storage_error: must be allow, deny or local, got "panic"`},
 		{"rate too fine", zone("events 2000000\nwindow 1s"), "more than one per microsecond"},
 		{"zone name", site("zone bad/name {\nrate 5/s\n}"), `zone name "bad/name"`},
-		{"distributed", site("zone z {\nrate 5/s\n}\ndistributed"), "use 'storage redis'"},
+		{"distributed", site("zone z {\nrate 5/s\n}\ndistributed"), "use the redis storage"},
 		{"storage unknown", site("zone z {\nrate 5/s\n}\nstorage floppy"), "floppy"},
 		{"no zones", site("jitter 0.1"), "at least one zone is required"},
 		{"sliding_log too many events", zone("algorithm sliding_log\nevents 200000\nwindow 1h"), "events: sliding_log keeps one timestamp per event and allows at most 100000, got 200000"},

@@ -119,9 +119,15 @@ type storeCount struct {
 }
 
 // liveStoreCounts returns the key counts of the live zones that have
-// memory stores, one per zone name, sorted by name.
+// memory stores and metrics (not those of a handler with
+// disable_metrics), one per zone name, sorted by name.
 func liveStoreCounts() []storeCount {
-	zs := liveZones()
+	var zs []liveZone
+	for _, lz := range liveZones() {
+		if lz.z.metrics != nil {
+			zs = append(zs, lz)
+		}
+	}
 	var counts []storeCount
 	for i := 0; i < len(zs); {
 		j := i

@@ -87,9 +87,10 @@ func httpMetricsEnabled(ctx caddy.Context) bool {
 }
 
 // provisionMetrics registers the collectors on the configuration's
-// registry, if Caddy's metrics are on, and resolves each zone's series.
+// registry, if Caddy's metrics are on and the handler does not disable
+// them, and resolves each zone's series.
 func (h *Handler) provisionMetrics(ctx caddy.Context) error {
-	if !metricsEnabled(ctx) {
+	if h.DisableMetrics || !metricsEnabled(ctx) {
 		return nil
 	}
 	reg := ctx.GetMetricsRegistry()

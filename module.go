@@ -5,7 +5,10 @@
 package tollgate
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -68,6 +71,17 @@ type Handler struct {
 	// default, since a key may be an API key or a user name.
 	LogKey bool `json:"log_key,omitempty"`
 
+	// DisableMetrics keeps this handler's zones out of Caddy's Prometheus
+	// metrics even when Caddy's metrics are on (as in
+	// mholt/caddy-ratelimit). Default: false.
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	// Distributed is mholt/caddy-ratelimit's sync of its state through
+	// Caddy storage. Tollgate refuses it with an error that says to use
+	// the redis storage instead, whose decisions are exact across
+	// instances.
+	Distributed json.RawMessage `json:"distributed,omitempty"`
+
 	zones   []*zone
 	headers headerModes
 	status  int
@@ -101,16 +115,15 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.now = clock
-	var err error
-	if h.headers, err = parseHeaderModes(h.Headers); err != nil {
+	// The checks first, so that a bad value opens no store and starts no
+	// goroutine. Caddy calls Validate again after Provision; it is cheap.
+	if err := h.Validate(); err != nil {
 		return err
 	}
+	h.headers, _ = parseHeaderModes(h.Headers)
 	h.status = h.Status
 	if h.status == 0 {
 		h.status = 429
-	}
-	if len(h.RateLimits) == 0 {
-		return fmt.Errorf("rate_limits: at least one zone is required")
 	}
 
 	h.mem = new(MemoryStorage)
@@ -144,6 +157,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 	}
+	if h.redis != nil {
+		h.warnIfRedisUnreachable(ctx)
+	}
 
 	if err := h.provisionMetrics(ctx); err != nil {
 		return err
@@ -161,9 +177,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Validate checks the handler-wide fields, naming the field and the value.
-// Zone fields are checked as each zone is provisioned.
+// Validate checks every value of the handler and its zones, naming the
+// field and the value, without a caddy.Context: it is the one set of
+// checks, which the Caddyfile adapter runs (so that `caddy adapt` fails
+// with the file and line of the field) and Provision runs first for a
+// JSON config. Its errors start with the field they are about.
 func (h *Handler) Validate() error {
+	if isSet(h.Distributed) {
+		return errDistributed
+	}
+	if err := checkStorageModule(h.StorageRaw); err != nil {
+		return err
+	}
+	if _, err := parseHeaderModes(h.Headers); err != nil {
+		return err
+	}
 	if h.Status != 0 && (h.Status < 400 || h.Status > 599) {
 		return fmt.Errorf("status: must be an HTTP error status (400-599), got %d", h.Status)
 	}
@@ -176,7 +204,96 @@ func (h *Handler) Validate() error {
 	if h.SweepInterval < 0 {
 		return fmt.Errorf("sweep_interval: must not be negative, got %s", time.Duration(h.SweepInterval))
 	}
+	if len(h.RateLimits) == 0 {
+		return fmt.Errorf("rate_limits: at least one zone is required")
+	}
+	order, err := h.zoneOrder()
+	if err != nil {
+		return err
+	}
+	for _, name := range order {
+		if err := validZoneName(name); err != nil {
+			return err
+		}
+		zc := h.RateLimits[name]
+		if zc == nil {
+			return fmt.Errorf("zone %q: zone is empty: events and window are required", name)
+		}
+		if err := zc.validate(); err != nil {
+			return fmt.Errorf("zone %q: %w", name, err)
+		}
+	}
 	return nil
+}
+
+// errDistributed refuses mholt/caddy-ratelimit's distributed option, in
+// the Caddyfile and in JSON.
+var errDistributed = errors.New("distributed: mholt/caddy-ratelimit's sync through Caddy storage is not supported, " +
+	"since it over-admits between syncs; use the redis storage (storage redis { url ... } in the Caddyfile, " +
+	`"storage": {"module": "redis", ...} in JSON) for one exact limit across instances`)
+
+// isSet reports whether a JSON value is present and not null.
+func isSet(raw json.RawMessage) bool {
+	v := bytes.TrimSpace(raw)
+	return len(v) > 0 && !bytes.Equal(v, []byte("null"))
+}
+
+// storageNamespace is the module namespace of the storage backends.
+const storageNamespace = "http.handlers.rate_limit.storage"
+
+// checkStorageModule checks that the storage config names a rate_limit
+// storage module: mholt/caddy-ratelimit's storage is a Caddy storage
+// module (file_system, ...) and gets an error that says what to use.
+func checkStorageModule(raw json.RawMessage) error {
+	if !isSet(raw) {
+		return nil
+	}
+	var m struct {
+		Module string `json:"module"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return fmt.Errorf("storage: want an object with a module name: %v", err)
+	}
+	return storageModuleError(m.Module)
+}
+
+// storageModuleError returns an error if name is not a storage backend.
+func storageModuleError(name string) error {
+	if name == "" {
+		return fmt.Errorf("storage: a module name is required: memory or redis")
+	}
+	if _, err := caddy.GetModule(storageNamespace + "." + name); err == nil {
+		return nil
+	}
+	if _, err := caddy.GetModule("caddy.storage." + name); err == nil {
+		return fmt.Errorf("storage: %q is a Caddy storage module, which mholt/caddy-ratelimit's distributed option syncs through; "+
+			"Tollgate keeps its state in memory (the default) or redis: use redis for one exact limit across instances", name)
+	}
+	return fmt.Errorf("storage: unknown rate_limit storage %q: want memory (the default) or redis", name)
+}
+
+// warnIfRedisUnreachable logs at warning level, without failing the start,
+// when the Redis storage does not answer a PING: it names each zone and
+// what its on_storage_error will do until Redis answers.
+func (h *Handler) warnIfRedisUnreachable(ctx context.Context) {
+	err := h.redis.ping(ctx)
+	if err == nil {
+		return
+	}
+	zones := make([]string, len(h.zones))
+	for i, z := range h.zones {
+		zones[i] = z.name + ": " + onErrorEffect[z.onError]
+	}
+	h.logger.Warn("redis storage unreachable at start: each zone's on_storage_error applies until it answers",
+		zap.Error(err), zap.Strings("zones", zones))
+}
+
+// onErrorEffect says what each on_storage_error does while the store is
+// unreachable, for the log.
+var onErrorEffect = [...]string{
+	failAllow: "on_storage_error allow: every request is let through, unlimited",
+	failDeny:  "on_storage_error deny: every request gets a 503 with Retry-After: 1",
+	failLocal: "on_storage_error local: the limit is enforced from this instance's memory",
 }
 
 // Cleanup withdraws the zones from the admin API (and the series of zones

@@ -178,6 +178,20 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// redisPingTimeout bounds the PING at start: long enough for a first
+// connection to a Redis across a network, short enough that a Redis that
+// does not answer delays a config load by little.
+const redisPingTimeout = time.Second
+
+// ping sends one PING, bounded by the larger of redisPingTimeout and
+// Timeout. It goes around the breaker: it is a check at start, not a
+// decision.
+func (r *RedisStorage) ping(ctx context.Context) error {
+	c, cancel := context.WithTimeout(ctx, max(redisPingTimeout, r.timeout))
+	defer cancel()
+	return r.client.client.Ping(c).Err()
+}
+
 // options builds the client options from the fields, placeholders replaced.
 func (r *RedisStorage) options() (*goredis.UniversalOptions, error) {
 	repl := caddy.NewReplacer()

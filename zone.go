@@ -37,6 +37,10 @@ type Zone struct {
 	// Events is how many events the zone admits per Window. Required, > 0.
 	Events int64 `json:"events,omitempty"`
 
+	// MaxEvents is mholt/caddy-ratelimit's name for Events, accepted so
+	// that its JSON configs load unchanged. Give one or the other.
+	MaxEvents int64 `json:"max_events,omitempty"`
+
 	// Window is the duration Events are counted over. Required, > 0.
 	Window caddy.Duration `json:"window,omitempty"`
 
@@ -160,89 +164,134 @@ type zone struct {
 	errLog  logThrottle  // store failures log at most once per logThrottleInterval
 }
 
-func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
-	if err := validZoneName(name); err != nil {
-		return nil, err
-	}
-	if zc == nil {
-		return nil, fmt.Errorf("zone is empty: events and window are required")
-	}
+// zoneSettings are a Zone's values, checked and parsed: all of a zone
+// that needs no caddy.Context.
+type zoneSettings struct {
+	limit          algorithms.Limit
+	key            string
+	v4bits, v6bits int
+	costTemplate   string // empty when the cost is constant
+	cost           int64  // constant cost, milli
+	defaultCost    int64  // milli
+	onError        int
+}
+
+// validate checks every value of the zone, naming the field and the
+// value. It is the one set of zone checks: the Caddyfile adapter runs it on
+// each zone it parses (so that `caddy adapt` fails with the file and line
+// of the field), and Validate runs it on every zone of a JSON config.
+func (zc *Zone) validate() error {
+	_, err := zc.settings()
+	return err
+}
+
+// settings checks the zone's values and returns them parsed, defaults
+// applied. Its errors start with the field they are about.
+func (zc *Zone) settings() (zoneSettings, error) {
+	var s zoneSettings
 	kind, err := algorithms.ParseKind(zc.Algorithm)
 	if err != nil {
-		return nil, fmt.Errorf("algorithm: %w", err)
+		return s, fmt.Errorf("algorithm: %w", err)
 	}
-	if zc.Events == 0 && zc.Window == 0 {
-		return nil, fmt.Errorf("events and window are required (or rate)")
+	events, eventsField := zc.Events, "events"
+	if zc.MaxEvents != 0 {
+		if zc.Events != 0 {
+			return s, fmt.Errorf("events and max_events: give one or the other (max_events is mholt/caddy-ratelimit's name for events), got %d and %d", zc.Events, zc.MaxEvents)
+		}
+		events, eventsField = zc.MaxEvents, "max_events"
 	}
-	limit, err := algorithms.NewLimit(kind, zc.Events, time.Duration(zc.Window), zc.Burst, time.Duration(zc.MaxDelay))
+	if events == 0 && zc.Window == 0 {
+		return s, fmt.Errorf("events and window are required (or rate)")
+	}
+	s.limit, err = algorithms.NewLimit(kind, events, time.Duration(zc.Window), zc.Burst, time.Duration(zc.MaxDelay))
 	if err != nil {
-		return nil, err
-	}
-	z := &zone{
-		name:   name,
-		spec:   storage.Zone{Name: name, Limit: limit, MaxKeys: h.MaxKeys},
-		key:    zc.Key,
-		v4bits: zc.IPv4Prefix,
-		v6bits: zc.IPv6Prefix,
-		dryRun: zc.DryRun,
-	}
-	if z.key == "" {
-		z.key = defaultKey
-	}
-	z.clientIP = z.key == defaultKey
-	if z.v4bits < 0 || z.v4bits > 32 {
-		return nil, fmt.Errorf("ipv4_prefix: must be in [0, 32], got %d", zc.IPv4Prefix)
-	}
-	if z.v6bits < 0 || z.v6bits > 128 {
-		return nil, fmt.Errorf("ipv6_prefix: must be in [0, 128], got %d", zc.IPv6Prefix)
-	}
-	if z.v4bits == 0 {
-		z.v4bits = 32
-	}
-	if z.v6bits == 0 {
-		z.v6bits = defaultIPv6Prefix
+		if rest, ok := strings.CutPrefix(err.Error(), "events: "); ok && eventsField != "events" {
+			err = fmt.Errorf("%s: %s", eventsField, rest)
+		}
+		return s, err
 	}
 
-	z.defaultCost = algorithms.Milli
+	s.key = zc.Key
+	if s.key == "" {
+		s.key = defaultKey
+	}
+	if zc.IPv4Prefix < 0 || zc.IPv4Prefix > 32 {
+		return s, fmt.Errorf("ipv4_prefix: must be in [0, 32], got %d", zc.IPv4Prefix)
+	}
+	if zc.IPv6Prefix < 0 || zc.IPv6Prefix > 128 {
+		return s, fmt.Errorf("ipv6_prefix: must be in [0, 128], got %d", zc.IPv6Prefix)
+	}
+	s.v4bits, s.v6bits = zc.IPv4Prefix, zc.IPv6Prefix
+	if s.v4bits == 0 {
+		s.v4bits = 32
+	}
+	if s.v6bits == 0 {
+		s.v6bits = defaultIPv6Prefix
+	}
+
+	s.defaultCost = algorithms.Milli
 	if zc.DefaultCost != nil {
 		m, ok := algorithms.CostMilli(*zc.DefaultCost)
 		if !ok {
-			return nil, fmt.Errorf("default_cost: must be a finite number >= 0, got %v", *zc.DefaultCost)
+			return s, fmt.Errorf("default_cost: must be a finite number >= 0, got %v", *zc.DefaultCost)
 		}
-		z.defaultCost = m
+		s.defaultCost = m
 	}
 	switch c := strings.TrimSpace(string(zc.Cost)); {
 	case c == "":
-		z.cost = algorithms.Milli
+		s.cost = algorithms.Milli
 	case strings.Contains(c, "{"):
-		z.costTemplate = c
+		s.costTemplate = c
 	default:
 		m, ok := algorithms.ParseCost(c)
 		if !ok {
-			return nil, fmt.Errorf("cost: must be a finite number >= 0 or a placeholder template, got %q", string(zc.Cost))
+			return s, fmt.Errorf("cost: must be a finite number >= 0 or a placeholder template, got %q", string(zc.Cost))
 		}
-		z.cost = m
+		s.cost = m
 	}
 	// A fixed cost above the capacity could never be admitted: the zone
 	// would reject every request. A template's cost is the client's, and
 	// above the capacity it is a 429 without Retry-After.
-	if capacity := limit.Capacity(); z.costTemplate == "" && z.cost > capacity {
-		return nil, fmt.Errorf("cost: %s is above the zone's capacity of %d events (%s), so no request could ever be admitted",
-			strings.TrimSpace(string(zc.Cost)), capacity/algorithms.Milli, capacityField(limit))
-	} else if zc.DefaultCost != nil && z.defaultCost > capacity {
-		return nil, fmt.Errorf("default_cost: %v is above the zone's capacity of %d events (%s), so a request that uses it could never be admitted",
-			*zc.DefaultCost, capacity/algorithms.Milli, capacityField(limit))
+	if capacity := s.limit.Capacity(); s.costTemplate == "" && s.cost > capacity {
+		return s, fmt.Errorf("cost: %s is above the zone's capacity of %d events (%s), so no request could ever be admitted",
+			strings.TrimSpace(string(zc.Cost)), capacity/algorithms.Milli, capacityField(s.limit))
+	} else if zc.DefaultCost != nil && s.defaultCost > capacity {
+		return s, fmt.Errorf("default_cost: %v is above the zone's capacity of %d events (%s), so a request that uses it could never be admitted",
+			*zc.DefaultCost, capacity/algorithms.Milli, capacityField(s.limit))
 	}
 
 	switch zc.OnStorageError {
 	case "allow":
-		z.onError = failAllow
+		s.onError = failAllow
 	case "deny":
-		z.onError = failDeny
+		s.onError = failDeny
 	case "", "local":
-		z.onError = failLocal
+		s.onError = failLocal
 	default:
-		return nil, fmt.Errorf("on_storage_error: must be allow, deny or local, got %q", zc.OnStorageError)
+		return s, fmt.Errorf("on_storage_error: must be allow, deny or local, got %q", zc.OnStorageError)
+	}
+	return s, nil
+}
+
+// provisionZone builds a zone that Validate has checked.
+func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
+	s, err := zc.settings()
+	if err != nil {
+		return nil, err
+	}
+	limit := s.limit
+	z := &zone{
+		name:         name,
+		spec:         storage.Zone{Name: name, Limit: limit, MaxKeys: h.MaxKeys},
+		key:          s.key,
+		clientIP:     s.key == defaultKey,
+		v4bits:       s.v4bits,
+		v6bits:       s.v6bits,
+		costTemplate: s.costTemplate,
+		cost:         s.cost,
+		defaultCost:  s.defaultCost,
+		onError:      s.onError,
+		dryRun:       zc.DryRun,
 	}
 
 	if zc.MatcherSetsRaw != nil {

@@ -1,0 +1,99 @@
+package tollgate
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// TestBadValuesFailAtAdapt: every bad value fails `caddy adapt` itself,
+// with the file and line of the field and its value, and the same value in
+// a JSON config fails at provision with the same message. The line marked
+// "# <-" is where the error must point; without one, the rate_limit line.
+func TestBadValuesFailAtAdapt(t *testing.T) {
+	cases := []struct {
+		name      string
+		caddyfile string // the rate_limit block's body
+		json      string // the handler's fields, in a route; "" for a Caddyfile-only case
+		want      string
+	}{
+		{"events 0", "zone z {\n\tevents 0 # <-\n\twindow 1m\n}",
+			`"rate_limits": {"z": {"events": 0, "window": "1m"}}`, "events: must be greater than 0, got 0"},
+		{"max_events 0", "",
+			`"rate_limits": {"z": {"max_events": 0, "window": "1m"}}`, "events: must be greater than 0, got 0"},
+		{"max_events negative", "",
+			`"rate_limits": {"z": {"max_events": -1, "window": "1m"}}`, "max_events: must be greater than 0, got -1"},
+		{"events and max_events", "",
+			`"rate_limits": {"z": {"events": 5, "max_events": 5, "window": "1m"}}`, "events and max_events: give one or the other"},
+		{"window 0", "zone z {\n\tevents 5\n\twindow 0s # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": 0}}`, "window: must be greater than 0, got 0s"},
+		{"rate too fine", "zone z {\n\trate 2000000/s # <-\n}",
+			`"rate_limits": {"z": {"events": 2000000, "window": "1s"}}`, "events: 2000000 per 1s is more than one per microsecond"},
+		{"jitter 2", "zone z {\n\trate 5/s\n}\njitter 2 # <-",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "jitter": 2`, "jitter: must be in [0, 1], got 2"},
+		{"cost abc", "zone z {\n\trate 5/s\n\tcost abc # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "cost": "abc"}}`, `cost: must be a finite number >= 0 or a placeholder template, got "abc"`},
+		{"cost above capacity", "zone z {\n\trate 5/s\n\tcost 6 # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "cost": 6}}`, "cost: 6 is above the zone's capacity of 5 events (burst)"},
+		{"default_cost negative", "zone z {\n\trate 5/s\n\tcost {http.request.header.W}\n\tdefault_cost -2 # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "cost": "{http.request.header.W}", "default_cost": -2}}`, "default_cost: must be a finite number >= 0, got -2"},
+		{"burst negative", "zone z {\n\trate 5/s\n\tburst -1 # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "burst": -1}}`, "burst: must not be negative, got -1"},
+		{"burst on a window algorithm", "zone z {\n\talgorithm fixed_window\n\trate 5/s\n\tburst 10 # <-\n}",
+			`"rate_limits": {"z": {"algorithm": "fixed_window", "events": 5, "window": "1s", "burst": 10}}`, "burst: fixed_window has no bucket"},
+		{"algorithm unknown", "zone z {\n\trate 5/s\n\talgorithm bogus # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "algorithm": "bogus"}}`, `algorithm: unknown algorithm "bogus"`},
+		{"max_delay on a token bucket", "zone z {\n\trate 5/s\n\tmax_delay 1s # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "max_delay": "1s"}}`, "max_delay: only leaky_bucket can delay requests"},
+		{"ipv4_prefix 33", "zone z {\n\trate 5/s\n\tipv4_prefix 33 # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "ipv4_prefix": 33}}`, "ipv4_prefix: must be in [0, 32], got 33"},
+		{"ipv6_prefix 129", "zone z {\n\trate 5/s\n\tipv6_prefix 129 # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "ipv6_prefix": 129}}`, "ipv6_prefix: must be in [0, 128], got 129"},
+		{"on_storage_error unknown", "zone z {\n\trate 5/s\n\ton_storage_error panic # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "on_storage_error": "panic"}}`, `on_storage_error: must be allow, deny or local, got "panic"`},
+		{"sliding_log too long", "zone z {\n\talgorithm sliding_log\n\tevents 200000 # <-\n\twindow 1h\n}",
+			`"rate_limits": {"z": {"algorithm": "sliding_log", "events": 200000, "window": "1h"}}`, "events: sliding_log keeps one timestamp per event"},
+		{"status 200", "zone z {\n\trate 5/s\n}\nstatus 200 # <-",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "status": 200`, "status: must be an HTTP error status (400-599), got 200"},
+		{"headers unknown", "zone z {\n\trate 5/s\n}\nheaders fancy # <-",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "headers": ["fancy"]`, `headers: unknown mode "fancy"`},
+		{"max_keys negative", "zone z {\n\trate 5/s\n}\nmax_keys -5 # <-",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "max_keys": -5`, "max_keys: must not be negative, got -5"},
+		{"sweep_interval negative", "zone z {\n\trate 5/s\n}\nsweep_interval -1s # <-",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "sweep_interval": "-1s"`, "sweep_interval: must not be negative, got -1s"},
+		{"no zone", "log_key",
+			`"log_key": true`, "rate_limits: at least one zone is required"},
+		{"distributed", "zone z {\n\trate 5/s\n}\ndistributed # <-",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "distributed": {}`, errDistributed.Error()},
+		{"distributed with options", "distributed { # <-\n\tread_interval 5s\n}\nzone z {\n\trate 5/s\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "distributed": {"read_interval": "5s"}`, errDistributed.Error()},
+		{"storage a Caddy storage module", "zone z {\n\trate 5/s\n}\nstorage file_system { # <-\n\troot /tmp\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "storage": {"module": "file_system", "root": "/tmp"}`, `storage: "file_system" is a Caddy storage module`},
+		{"storage unknown", "zone z {\n\trate 5/s\n}\nstorage floppy # <-",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "storage": {"module": "floppy"}`, `storage: unknown rate_limit storage "floppy": want memory (the default) or redis`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.caddyfile != "" {
+				site := ":8080 {\n\trate_limit {\n" + c.caddyfile + "\n\t}\n\trespond ok\n}\n"
+				line := 2
+				for i, l := range strings.Split(site, "\n") {
+					if strings.HasSuffix(l, "# <-") {
+						line = i + 1
+					}
+				}
+				_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site), map[string]any{"filename": "Caddyfile"})
+				at := fmt.Sprintf(", at Caddyfile:%d", line)
+				if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasSuffix(err.Error(), at) {
+					t.Errorf("adapt = %v, want an error containing %q and ending %q", err, c.want, at)
+				}
+			}
+			cfg := `{"apps": {"http": {"servers": {"s": {"listen": [":8080"], "routes": [{"handle": [{"handler": "rate_limit", ` + c.json + `}]}]}}}}}`
+			if err := validateJSON([]byte(cfg)); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("JSON: provision = %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+}
