@@ -73,7 +73,7 @@ func TestRateLimitCommand(t *testing.T) {
 		{"dot-dot", "..", "..", 1},
 		{"dot", ".", ".", 1},
 		{"IPv6 address, grouped by ipv6_prefix", "2001:db8::1", "2001:db8::/64", 3},
-		{"IPv4 address", "203.0.113.7", "203.0.113.7/32", 1},
+		{"IPv4 address", "203.0.113.7", "203.0.113.7", 1},
 		{"unicode", "ключ", "ключ", 1},
 	}
 	for _, k := range keys {
