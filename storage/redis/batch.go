@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -40,8 +41,16 @@ type Pipeliner interface {
 // A call's context bounds its wait: a caller whose deadline passes returns
 // at once, though its script may still run when its batch goes out (as a
 // script whose reply was lost may have run).
+//
+// A call made while no other is in flight has no one to share a round trip
+// with: it runs directly, as without a batcher, and costs no hand-off to a
+// worker (a lone caller's latency is that of an unbatched call).
 type batcher struct {
-	client   Pipeliner
+	client interface {
+		Client
+		Pipeliner
+	}
+	inflight atomic.Int64 // calls in run
 	calls    chan *call
 	maxBatch int
 	stop     chan struct{}
@@ -68,7 +77,10 @@ const (
 )
 
 // newBatcher starts a batcher's workers; close stops them.
-func newBatcher(client Pipeliner) *batcher {
+func newBatcher(client interface {
+	Client
+	Pipeliner
+}) *batcher {
 	b := &batcher{client: client, calls: make(chan *call, 4*maxBatch), maxBatch: maxBatch, stop: make(chan struct{})}
 	for range batchWorkers {
 		b.stopped.Add(1)
@@ -82,6 +94,10 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 	case <-b.stop:
 		return nil, goredis.ErrClosed
 	default:
+	}
+	defer b.inflight.Add(-1)
+	if b.inflight.Add(1) == 1 {
+		return direct{b.client}.run(ctx, script, keys, args)
 	}
 	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 	select {
