@@ -287,17 +287,25 @@ func parseRedisURL(u string) (*goredis.Options, error) {
 }
 
 // urlPassword returns what stands for the password in a URL that may not
-// parse: what follows the first ':' of the user info, before the last '@'.
+// parse: what follows the first ':' of the user info (see userInfo).
 func urlPassword(u string) string {
-	if i := strings.Index(u, "://"); i >= 0 {
-		u = u[i+3:]
-	}
-	at := strings.LastIndexByte(u, '@')
+	start, at := userInfo(u)
 	if at < 0 {
 		return ""
 	}
-	_, pw, _ := strings.Cut(u[:at], ":")
+	_, pw, _ := strings.Cut(u[start:at], ":")
 	return pw
+}
+
+// userInfo returns where a URL's user info starts and ends (at its last
+// '@', or -1 without one): after the scheme's "://" when that comes
+// before the '@', else at the start.
+func userInfo(u string) (start, at int) {
+	at = strings.LastIndexByte(u, '@')
+	if i := strings.Index(u, "://"); i >= 0 && i < at {
+		start = i + 3
+	}
+	return start, at
 }
 
 // quoted returns the double-quoted strings in msg, unquoted.
@@ -320,24 +328,18 @@ func quoted(msg string) []string {
 }
 
 // redactURL hides a URL's password for error messages: everything after
-// the first ':' of what stands before its last '@' (the user info, whether
-// or not the URL parses; url.URL.Redacted misses it in a URL without "//").
+// the first ':' of its user info (see userInfo), whether or not the URL
+// parses (url.URL.Redacted misses it in a URL without "//").
 func redactURL(s string) string {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		scheme, rest = "", s
-	} else {
-		scheme += "://"
-	}
-	at := strings.LastIndexByte(rest, '@')
+	start, at := userInfo(s)
 	if at < 0 {
 		return s
 	}
-	user, _, hasPw := strings.Cut(rest[:at], ":")
+	user, _, hasPw := strings.Cut(s[start:at], ":")
 	if hasPw {
 		user += ":xxxxx"
 	}
-	return scheme + user + rest[at:]
+	return s[:start] + user + s[at:]
 }
 
 // redisPoolKey identifies a client by every setting that makes it
