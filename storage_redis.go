@@ -275,13 +275,18 @@ func parseRedisURL(u string) (*goredis.Options, error) {
 		err = ue.Err // without the URL it quotes
 	}
 	msg := err.Error()
-	if pw := urlPassword(u); pw != "" {
+	if start, at := userInfo(u); at >= 0 {
+		// A URL with user info that does not parse may hold its
+		// password anywhere the parsers quote: drop every quoted piece,
+		// and the user info wherever it stands unquoted.
 		for _, q := range quoted(msg) {
-			if strings.Contains(pw, q) || strings.Contains(q, pw) {
-				msg = strings.ReplaceAll(msg, q, "xxxxx")
-			}
+			msg = strings.ReplaceAll(msg, strconv.Quote(q), `"xxxxx"`)
+			msg = strings.ReplaceAll(msg, `"`+q+`"`, `"xxxxx"`)
 		}
-		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		msg = strings.ReplaceAll(msg, u[start:at], "xxxxx")
+		if pw := urlPassword(u); pw != "" {
+			msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		}
 	}
 	return nil, fmt.Errorf("url %q: %s", redactURL(u), msg)
 }
