@@ -283,7 +283,9 @@ func parseRedisURL(u string) (*goredis.Options, error) {
 			msg = strings.ReplaceAll(msg, strconv.Quote(q), `"xxxxx"`)
 			msg = strings.ReplaceAll(msg, `"`+q+`"`, `"xxxxx"`)
 		}
-		msg = strings.ReplaceAll(msg, u[start:at], "xxxxx")
+		if info := u[start:at]; info != "" {
+			msg = strings.ReplaceAll(msg, info, "xxxxx")
+		}
 		if pw := urlPassword(u); pw != "" {
 			msg = strings.ReplaceAll(msg, pw, "xxxxx")
 		}
@@ -303,14 +305,26 @@ func urlPassword(u string) string {
 }
 
 // userInfo returns where a URL's user info starts and ends (at its last
-// '@', or -1 without one): after the scheme's "://" when that comes
-// before the '@', else at the start.
+// '@', or -1 without one): after the scheme's "://" when the URL starts
+// with a scheme (letters, digits, '+', '-', '.') and "://" comes before
+// the '@', else at the start.
 func userInfo(u string) (start, at int) {
 	at = strings.LastIndexByte(u, '@')
-	if i := strings.Index(u, "://"); i >= 0 && i < at {
+	if i := strings.Index(u, "://"); i > 0 && i < at && isScheme(u[:i]) {
 		start = i + 3
 	}
 	return start, at
+}
+
+// isScheme reports whether s can be a URL scheme.
+func isScheme(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && (c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // quoted returns the double-quoted strings in msg, unquoted.
@@ -332,19 +346,19 @@ func quoted(msg string) []string {
 	}
 }
 
-// redactURL hides a URL's password for error messages: everything after
-// the first ':' of its user info (see userInfo), whether or not the URL
-// parses (url.URL.Redacted misses it in a URL without "//").
+// redactURL hides a URL's password for error messages: as net/url does
+// for a URL with plain user info, else the whole user info (in a URL that
+// does not parse, what looks like the name may be a piece of the
+// password).
 func redactURL(s string) string {
+	if u, err := url.Parse(s); err == nil && u.User != nil && strings.Count(s, "@") == 1 {
+		return u.Redacted() // user:xxxxx@, the name kept
+	}
 	start, at := userInfo(s)
 	if at < 0 {
 		return s
 	}
-	user, _, hasPw := strings.Cut(s[start:at], ":")
-	if hasPw {
-		user += ":xxxxx"
-	}
-	return s[:start] + user + s[at:]
+	return s[:start] + "xxxxx" + s[at:]
 }
 
 // redisPoolKey identifies a client by every setting that makes it
