@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -275,33 +274,29 @@ func parseRedisURL(u string) (*goredis.Options, error) {
 		err = ue.Err // without the URL it quotes
 	}
 	msg := err.Error()
-	if start, at := userInfo(u); at >= 0 {
-		// A URL with user info that does not parse may hold its
-		// password anywhere the parsers quote: drop every quoted piece,
-		// and the user info wherever it stands unquoted.
-		for _, q := range quoted(msg) {
-			msg = strings.ReplaceAll(msg, strconv.Quote(q), `"xxxxx"`)
-			msg = strings.ReplaceAll(msg, `"`+q+`"`, `"xxxxx"`)
-		}
-		if info := u[start:at]; info != "" {
-			msg = strings.ReplaceAll(msg, info, "xxxxx")
-		}
-		if pw := urlPassword(u); pw != "" {
-			msg = strings.ReplaceAll(msg, pw, "xxxxx")
-		}
+	if strings.Contains(u, "@") {
+		// A URL with user info that does not parse may hold its password
+		// anywhere the parsers echo it: keep only what the message says
+		// of the kind of fault, before any quoted or appended input.
+		msg = faultKind(msg)
 	}
 	return nil, fmt.Errorf("url %q: %s", redactURL(u), msg)
 }
 
-// urlPassword returns what stands for the password in a URL that may not
-// parse: what follows the first ':' of the user info (see userInfo).
-func urlPassword(u string) string {
-	start, at := userInfo(u)
-	if at < 0 {
-		return ""
+// faultKind is the part of a URL parser's message that names the fault,
+// without the input it quotes or appends: `invalid port ":x" after host`
+// is "invalid port", `redis: unexpected option: foo` "unexpected option".
+func faultKind(msg string) string {
+	for _, prefix := range []string{"redis: ", "net/url: "} {
+		msg = strings.TrimPrefix(msg, prefix)
 	}
-	_, pw, _ := strings.Cut(u[start:at], ":")
-	return pw
+	if i := strings.IndexByte(msg, '"'); i >= 0 {
+		msg = msg[:i]
+	}
+	if i := strings.Index(msg, ": "); i >= 0 {
+		msg = msg[:i]
+	}
+	return strings.TrimSpace(msg)
 }
 
 // userInfo returns where a URL's user info starts and ends (at its last
@@ -325,25 +320,6 @@ func isScheme(s string) bool {
 		}
 	}
 	return s != ""
-}
-
-// quoted returns the double-quoted strings in msg, unquoted.
-func quoted(msg string) []string {
-	var out []string
-	for {
-		i := strings.IndexByte(msg, '"')
-		if i < 0 {
-			return out
-		}
-		q, err := strconv.QuotedPrefix(msg[i:])
-		if err != nil {
-			return out
-		}
-		if s, err := strconv.Unquote(q); err == nil && s != "" {
-			out = append(out, s, q[1:len(q)-1])
-		}
-		msg = msg[i+len(q):]
-	}
 }
 
 // redactURL hides a URL's password for error messages: as net/url does
