@@ -39,6 +39,10 @@ const (
 	SlidingLog
 	FixedWindow
 	LeakyBucket
+	// Concurrency and Ban are not rate algorithms but the other limits a
+	// zone can hold (see guard.go); ParseKind does not accept them.
+	Concurrency
+	Ban
 )
 
 var kindNames = [...]string{
@@ -48,6 +52,8 @@ var kindNames = [...]string{
 	SlidingLog:    "sliding_log",
 	FixedWindow:   "fixed_window",
 	LeakyBucket:   "leaky_bucket",
+	Concurrency:   "concurrency",
+	Ban:           "ban",
 }
 
 // String returns the configuration name of k, such as "token_bucket".
@@ -64,7 +70,7 @@ func ParseKind(name string) (Kind, error) {
 	if name == "" {
 		return TokenBucket, nil
 	}
-	for k, n := range kindNames {
+	for k, n := range kindNames[:LeakyBucket+1] {
 		if n == name {
 			return Kind(k), nil
 		}
@@ -120,6 +126,8 @@ type Limit struct {
 	Unit int64
 	// Tau is the bucket capacity as time, in ticks: Burst * Unit.
 	Tau int64
+	// Hold is how long a Ban lasts, in µs; 0 for every other kind.
+	Hold int64
 }
 
 // NewLimit validates a limit and derives its constants. burst 0 means
@@ -285,6 +293,12 @@ func (l *Limit) Peek(s *State, now, cost int64) Decision {
 }
 
 func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
+	switch l.Kind {
+	case Concurrency:
+		return l.slots(s, now, commit)
+	case Ban:
+		return l.banned(s, now)
+	}
 	cost = max(cost, 0) // a negative cost would credit the key
 	if cost > l.Capacity() {
 		d := l.decide(s, now, 0, false)
@@ -314,6 +328,10 @@ func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
 // family gives back only what the charge still holds. It never gives back
 // more than was taken, so no undo mints quota.
 func (l *Limit) Undo(s *State, now, cost int64, taken Decision) {
+	if l.Kind == Concurrency {
+		s.Level = max(s.Level-1, 0)
+		return
+	}
 	// Nothing admitted costs more than the capacity: clamping keeps
 	// cost*Unit from overflowing for any argument.
 	cost = min(max(cost, 0), l.Capacity())
@@ -332,6 +350,9 @@ func (l *Limit) Undo(s *State, now, cost int64, taken Decision) {
 // Fresh reports whether s is, at now, the same as a fresh state, so that a
 // store may forget the key.
 func (l *Limit) Fresh(s *State, now int64) bool {
+	if l.Kind == Concurrency {
+		return s.Level == 0
+	}
 	d := l.Peek(s, now, 0)
 	return d.Reset <= 0
 }

@@ -56,3 +56,11 @@ func BoundKey(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return "#" + base64.RawURLEncoding.EncodeToString(sum[:])
 }
+
+// Skipped reports whether d is the empty admission that a store's TakeAll
+// reports for a zone it did not decide, because the zone's ban held: such
+// a zone took nothing and has nothing to give back. Every decision a
+// limit makes has an At, so no decision made is empty.
+func Skipped(d algorithms.Decision) bool {
+	return d == algorithms.Decision{Allowed: true}
+}

@@ -299,6 +299,12 @@ type Request struct {
 	// DryRun marks a zone that never rejects: its rejection does not stop
 	// the other zones, and, like every rejecting zone, it is not charged.
 	DryRun bool
+	// Strike links the request to its zone's ban: when it is 1 + the index
+	// in reqs of a request whose Store has a Ban limit, which comes before
+	// this one, a ban in force there answers for this zone (this request
+	// is not decided), and this request's rejection is a strike there.
+	// 0: no ban.
+	Strike int
 }
 
 // maxInline is how many requests TakeAll handles without allocating.
@@ -313,6 +319,12 @@ const maxInline = 8
 // len(reqs)) and returns the index of the first rejecting zone that is not
 // a dry run, or -1. A rejected request charges nothing anywhere, and its
 // Decisions are what each zone would decide with nothing charged.
+//
+// A request linked to a ban (Request.Strike) is not decided while the ban
+// holds: its Decision is an empty admission, and the ban's rejection
+// stands for the zone. Once every zone is decided, each ban that does not
+// hold gets one strike if a request linked to it was rejected; a ban that
+// starts then rejects the request too. A Ban's request charges nothing.
 //
 // Each Store may appear once in reqs. A single request is decided exactly
 // as Store.Take decides it.
@@ -335,6 +347,10 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 	rejected := -1
 	for i := range reqs {
 		r := &reqs[i]
+		if r.Strike > 0 && !ds[r.Strike-1].Allowed {
+			ds[i] = algorithms.Decision{Allowed: true} // banned: not decided
+			continue
+		}
 		var st algorithms.State
 		if e := shards[i].lookup(r.Key); e != nil {
 			st = e.state // a copy: Peek may bring it up to date
@@ -348,19 +364,26 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 	}
 	var vbuf [maxInline]*entry // victims[i] was evicted from reqs[i].Store
 	victims := vbuf[:0]
+	if len(reqs) > maxInline {
+		victims = make([]*entry, 0, len(reqs))
+	}
+	victims = victims[:len(reqs)]
+	clear(victims)
 	if rejected < 0 {
 		// Decided on the same state at the same now, a take admits
 		// exactly when its check did.
 		for i := range reqs {
-			var victim *entry
-			if ds[i].Allowed {
-				r := &reqs[i]
+			r := &reqs[i]
+			banned := r.Strike > 0 && !ds[r.Strike-1].Allowed
+			if ds[i].Allowed && !banned && r.Store.limit.Kind != algorithms.Ban {
 				var e *entry
-				e, victim = r.Store.get(shards[i], r.Key, now)
+				e, victims[i] = r.Store.get(shards[i], r.Key, now)
 				ds[i] = r.Store.limit.Take(&e.state, now, r.Cost)
 			}
-			victims = append(victims, victim)
 		}
+	}
+	if strike(now, reqs, shards, ds, victims) {
+		rejected = firstRejecting(reqs, ds)
 	}
 	for _, sh := range locked {
 		sh.mu.Unlock()
@@ -369,6 +392,39 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 		reqs[i].Store.drop(v)
 	}
 	return rejected
+}
+
+// strike gives each ban in reqs that does not hold one strike if a request
+// linked to it was rejected, and reports whether a ban started. The
+// shards of reqs must be locked.
+func strike(now int64, reqs []Request, shards []*shard, ds []algorithms.Decision, victims []*entry) (started bool) {
+	for b := range reqs {
+		r := &reqs[b]
+		if r.Store.limit.Kind != algorithms.Ban || !ds[b].Allowed {
+			continue
+		}
+		for j := b + 1; j < len(reqs); j++ {
+			if reqs[j].Strike == b+1 && !ds[j].Allowed {
+				var e *entry
+				e, victims[b] = r.Store.get(shards[b], r.Key, now)
+				ds[b] = r.Store.limit.Strike(&e.state, now)
+				started = started || !ds[b].Allowed
+				break
+			}
+		}
+	}
+	return started
+}
+
+// firstRejecting is the index of the first rejecting request that is not a
+// dry run, or -1.
+func firstRejecting(reqs []Request, ds []algorithms.Decision) int {
+	for i := range reqs {
+		if !ds[i].Allowed && !reqs[i].DryRun {
+			return i
+		}
+	}
+	return -1
 }
 
 // lockAll sorts shards by address, locks each distinct one once, and

@@ -23,6 +23,11 @@ type Request struct {
 	// DryRun marks a zone that never rejects: its rejection does not stop
 	// the other zones, and, like every rejecting zone, it is not charged.
 	DryRun bool
+	// Strike links the request to its zone's ban, as memory.Request.Strike
+	// does: 1 + the index in reqs of an earlier request whose zone has a
+	// Ban limit and the same key (so that a Cluster keeps both in one
+	// slot), or 0.
+	Strike int
 }
 
 // grouping is how TakeAll splits a request's keys into the groups that one
@@ -92,10 +97,27 @@ func (s *Store) takeCached(ctx context.Context, now int64, reqs []Request) ([]al
 		return ds, firstRejecting(parts, ds), nil
 	}
 	ds, rejected, err := s.takeAll(ctx, now, reqs)
-	if err == nil && rejected >= 0 {
+	if err == nil && rejected >= 0 && cacheable(parts, ds) {
 		s.deny.store(now, parts, ds)
 	}
 	return ds, rejected, err
+}
+
+// cacheable reports whether a rejected request may be answered from the
+// deny cache until its wait is over: not when it holds a concurrency slot
+// (a slot frees when a request ends, which no wait predicts), nor when a
+// zone with a ban rejected it by its limit (each such rejection must reach
+// Redis to count as a strike). A ban's own rejection is exact and cached.
+func cacheable(parts []part, ds []algorithms.Decision) bool {
+	for i := range parts {
+		switch {
+		case parts[i].z.limit.Kind == algorithms.Concurrency:
+			return false
+		case parts[i].strike > 0 && !ds[i].Allowed:
+			return false
+		}
+	}
+	return true
 }
 
 // firstRejecting is the index of the first rejecting part that is not a
@@ -163,11 +185,12 @@ func (s *Store) takeAll(ctx context.Context, now int64, reqs []Request) (ds []al
 
 // part is one request as the scripts take it.
 type part struct {
-	z     *zone
-	key   string // the Redis key
-	op    string // opCheck, opCheckNever, or opUndo when giving back
-	x     int64
-	block bool // not a dry run
+	z      *zone
+	key    string // the Redis key
+	op     string // opCheck, opCheckNever, or opUndo when giving back
+	x      int64
+	block  bool // not a dry run
+	strike int  // Request.Strike
 }
 
 // own returns l as a zone of s.
@@ -191,7 +214,10 @@ func (s *Store) parts(reqs []Request) ([]part, error) {
 		if err != nil {
 			return nil, err
 		}
-		p := part{z: z, key: s.key(r.Key, z.tail), op: opCheck, x: amount(&z.limit, max(r.Cost, 0)), block: !r.DryRun}
+		p := part{z: z, key: s.key(r.Key, z.tail), op: opCheck, x: amount(&z.limit, max(r.Cost, 0)), block: !r.DryRun, strike: r.Strike}
+		if p.strike < 0 || p.strike > i {
+			return nil, fmt.Errorf("zone %q: strike %d does not name an earlier request", z.name, p.strike)
+		}
 		if r.Cost > z.limit.Capacity() {
 			p.op, p.x = opCheckNever, 0
 		}
@@ -262,7 +288,10 @@ func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, par
 	var errs []error
 	for _, g := range taken {
 		for _, i := range g {
-			if ds[i].Allowed && parts[i].x > 0 {
+			switch {
+			case storage.Skipped(ds[i]):
+				parts[i].op = opSkip
+			case ds[i].Allowed && parts[i].x > 0:
 				parts[i].op = opUndo
 			}
 		}
@@ -271,7 +300,10 @@ func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, par
 		}
 	}
 	for _, g := range later {
-		if err := s.runGroup(ctx, multiCheck, now, parts, g, ds); err != nil {
+		// Not charged, since an earlier group rejected the request, but
+		// decided: a zone here that rejects it counts a strike, as when
+		// every zone is decided in one step.
+		if err := s.runGroup(ctx, multiStrike, now, parts, g, ds); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -283,7 +315,7 @@ func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, par
 // there the decision that charged it).
 func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []part, g []int, ds []algorithms.Decision) error {
 	keys := make([]string, len(g))
-	args := make([]any, 0, 3+10*len(g))
+	args := make([]any, 0, 3+11*len(g))
 	args = append(args, what, s.clock(now), s.ttlSlack)
 	for k, i := range g {
 		p := &parts[i]
@@ -298,6 +330,7 @@ func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []pa
 		}
 		args = append(args, p.op, p.x, block, ta, tr)
 		args = append(args, p.z.consts...)
+		args = append(args, groupIndex(g, p.strike-1)+1)
 	}
 	v, err := s.run.run(ctx, multiScript, keys, args)
 	if err == nil && len(v) != 6*len(g) {
@@ -310,6 +343,16 @@ func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []pa
 		ds[i] = decision(v[6*k:])
 	}
 	return nil
+}
+
+// groupIndex is the position of part i in group g, or -1.
+func groupIndex(g []int, i int) int {
+	for k, j := range g {
+		if j == i {
+			return k
+		}
+	}
+	return -1
 }
 
 // zoneNames lists the names of group g's zones for an error message.

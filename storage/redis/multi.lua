@@ -5,23 +5,31 @@
 --
 -- KEYS:         the zones' keys, one per zone, all different
 -- ARGV[1] what: 'd' decide: check every zone and, if no blocking zone
---               rejects, take in every admitting zone; 'c' check only
+--               rejects, take in every admitting zone; 'c' check only;
+--               's' check, and strike the bans (see below)
 -- ARGV[2] now:  µs since the Unix epoch; negative means the server's clock
 -- ARGV[3]:      TTL slack in ms
--- ARGV[4...]:   10 arguments for each key: op ('c' check; 'n' check a
---               cost above the capacity; 'u' undo x, then check), x,
+-- ARGV[4...]:   11 arguments for each key: op ('c' check; 'n' check a
+--               cost above the capacity; 'u' undo x, then check; 'k' not
+--               decided, as a banned key), x,
 --               blocking ('1', or '0' for a dry-run zone, whose rejection
 --               does not stop the others), ta and tr (for an undo, see
---               common.lua), the algorithm's code and its 4 constants
+--               common.lua), the algorithm's code, its 4 constants, and
+--               the index of the key's ban (an earlier key of code 'bn',
+--               or 0 for none)
 --
 -- It returns the zones' decisions one after another, 6 integers each: the
 -- checks' when nothing was taken, the takes' (for the zones that admitted)
--- when the request was.
+-- when the request was. A key whose ban holds is not decided: its decision
+-- is an empty admission, and the ban's rejection stands for it. When
+-- deciding ('d' or 's'), each ban that does not hold then gets one strike if a
+-- key linked to it was rejected, and its decision is the one after the
+-- strike.
 local what = ARGV[1]
 local now = clock(ARGV[2])
 slack = tonumber(ARGV[3])
 
-local per = 10
+local per = 11
 
 local function run(i, op)
 	local a = 4 + per * (i - 1)
@@ -31,6 +39,7 @@ local function run(i, op)
 end
 
 local ds = {}
+local skipped = {}
 local admit = true
 for i = 1, #KEYS do
 	local a = 4 + per * (i - 1)
@@ -39,18 +48,39 @@ for i = 1, #KEYS do
 		run(i, 'u')
 		op = 'c'
 	end
-	local d = run(i, op)
-	if d[1] == 0 and ARGV[a + 2] == '1' then
-		admit = false
+	local ban = tonumber(ARGV[a + 10])
+	-- A key whose ban holds is not decided ('k' says so when checking
+	-- again, after giving back: that check reports what the request's
+	-- first run saw, before any ban that run started).
+	if op == 'k' or (ban > 0 and ds[ban][1] == 0 and what ~= 'c') then
+		skipped[i] = true
+		ds[i] = {1, 0, 0, 0, 0, 0}
+	else
+		ds[i] = run(i, op)
+		if ds[i][1] == 0 and ARGV[a + 2] == '1' then
+			admit = false
+		end
 	end
-	ds[i] = d
 end
 -- Decided on the same state at the same now, a take admits exactly when
 -- its check did.
 if what == 'd' and admit then
 	for i = 1, #KEYS do
-		if ds[i][1] == 1 then
+		if ds[i][1] == 1 and not skipped[i] then
 			ds[i] = run(i, 't')
+		end
+	end
+end
+
+if what == 'd' or what == 's' then
+	for b = 1, #KEYS do
+		if ARGV[4 + per * (b - 1) + 5] == 'bn' and ds[b][1] == 1 then
+			for j = b + 1, #KEYS do
+				if tonumber(ARGV[4 + per * (j - 1) + 10]) == b and ds[j][1] == 0 then
+					ds[b] = run(b, 's')
+					break
+				end
+			end
 		end
 	end
 end

@@ -2,6 +2,7 @@ package redis
 
 import (
 	_ "embed"
+	"math/rand/v2"
 	"strconv"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -22,6 +23,10 @@ var (
 	slidingWindowLua string
 	//go:embed sliding_log.lua
 	slidingLogLua string
+	//go:embed concurrency.lua
+	concurrencyLua string
+	//go:embed ban.lua
+	banLua string
 	//go:embed single.lua
 	singleLua string
 	//go:embed multi.lua
@@ -43,13 +48,15 @@ var scripts = func() map[algorithms.Kind]*goredis.Script {
 		algorithms.FixedWindow:   one(fixedWindowLua),
 		algorithms.SlidingWindow: one(slidingWindowLua),
 		algorithms.SlidingLog:    one(slidingLogLua),
+		algorithms.Concurrency:   one(concurrencyLua),
+		algorithms.Ban:           one(banLua),
 	}
 }()
 
 // multiScript decides one request against several zones' keys in one slot
 // (TakeAll): common.lua, every algorithm's file and multi.lua.
 var multiScript = goredis.NewScript(commonLua + bucketLua + gcraLua +
-	fixedWindowLua + slidingWindowLua + slidingLogLua + multiLua)
+	fixedWindowLua + slidingWindowLua + slidingLogLua + concurrencyLua + banLua + multiLua)
 
 // The ops of a decision function; see common.lua.
 const (
@@ -59,12 +66,15 @@ const (
 	opUndo       = "u"
 	opCheck      = "c"
 	opCheckNever = "n"
+	opRenew      = "l" // renew a concurrency lease
+	opSkip       = "k" // multi.lua: not decided (the key's ban held)
 )
 
 // What multi.lua does with its keys (its ARGV[1]).
 const (
 	multiDecide = "d"
 	multiCheck  = "c"
+	multiStrike = "s" // check, and strike the bans of rejecting zones
 	multiUndo   = "u"
 )
 
@@ -83,6 +93,10 @@ func constants(l *algorithms.Limit) []any {
 		return []any{code, i(l.Window), i(l.Events * algorithms.Milli), i(0), i(0)}
 	case algorithms.SlidingLog:
 		return []any{code, i(l.Window), i(l.Events), i(0), i(0)}
+	case algorithms.Concurrency:
+		return []any{code, i(l.Events), i(l.Window), i(0), i(0)}
+	case algorithms.Ban:
+		return []any{code, i(l.Window), i(l.Events), i(l.Hold), i(0)}
 	}
 	return nil
 }
@@ -91,13 +105,23 @@ func constants(l *algorithms.Limit) []any {
 // l's script counts (x): for the bucket family the refill time of the cost
 // in ticks, ceil(cost * Unit / 1000), as Limit.inc computes it; for
 // sliding_log the whole events, ceil(cost / 1000); for the other windows
-// the cost itself.
+// the cost itself. A concurrency slot counts one request, whatever its
+// cost, and x is the new lease's id.
 func amount(l *algorithms.Limit, cost int64) int64 {
 	switch l.Kind {
+	case algorithms.Concurrency:
+		return newLeaseID()
 	case algorithms.TokenBucket, algorithms.LeakyBucket, algorithms.GCRA:
 		return (cost*l.Unit + algorithms.Milli - 1) / algorithms.Milli
 	case algorithms.SlidingLog:
 		return (cost + algorithms.Milli - 1) / algorithms.Milli
 	}
 	return cost
+}
+
+// newLeaseID returns a random concurrency lease id in [1, 2^53): a double
+// holds it exactly, and two leases of one key in flight at once share an
+// id with a chance under 2^-40 even with thousands of slots.
+func newLeaseID() int64 {
+	return rand.Int64N(1<<53-1) + 1
 }

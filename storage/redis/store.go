@@ -201,4 +201,6 @@ var kindCodes = [...]string{
 	algorithms.SlidingLog:    "sl",
 	algorithms.FixedWindow:   "fw",
 	algorithms.LeakyBucket:   "lb",
+	algorithms.Concurrency:   "cc",
+	algorithms.Ban:           "bn",
 }

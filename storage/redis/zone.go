@@ -132,7 +132,7 @@ func (z *zone) run(ctx context.Context, op, key string, now, x int64, taken algo
 		return decision(v), true, nil
 	case len(v) == 0 && op == opPeek:
 		return d, false, nil
-	case len(v) == 0 && op == opUndo:
+	case len(v) == 0 && (op == opUndo || op == opRenew):
 		return d, true, nil
 	}
 	return d, false, fmt.Errorf("%w: %v", errReply, v)
@@ -141,4 +141,18 @@ func (z *zone) run(ctx context.Context, op, key string, now, x int64, taken algo
 // decision reads a decision as the scripts return it: 6 integers.
 func decision(v []int64) algorithms.Decision {
 	return algorithms.Decision{Allowed: v[0] == 1, Remaining: v[1], Reset: v[2], Wait: v[3], Delay: v[4], At: v[5]}
+}
+
+// Renew extends the concurrency lease that the Take whose Decision is
+// taken holds for key, to a whole lease from now on the server's clock. A
+// lease that has expired meanwhile stays expired: its slot may have gone
+// to another request.
+func (z *zone) Renew(ctx context.Context, key string, now int64, taken algorithms.Decision) error {
+	if z.limit.Kind != algorithms.Concurrency {
+		return fmt.Errorf("redis store: renew %q: not a concurrency limit", z.name)
+	}
+	if _, _, err := z.run(ctx, opRenew, key, now, 0, taken); err != nil {
+		return fmt.Errorf("redis store: renew %q: %w", z.name, err)
+	}
+	return nil
 }
