@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
 )
 
@@ -22,7 +23,9 @@ func init() {
 //
 //	GET    /rate_limit/zones                    the live zones and their key counts
 //	GET    /rate_limit/zones/<zone>/keys/<key>  one key's state
-//	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key: its next request finds a fresh state
+//	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key: its next request finds a fresh state (and no ban)
+//	GET    /rate_limit/zones/<zone>/bans/<key>  the same as keys/<key>, in a zone with a ban
+//	DELETE /rate_limit/zones/<zone>/bans/<key>  lift the key's ban (and forget its strikes), leaving its rate state
 //
 // <key> is the resolved key, URL-path-escaped (a "/" in a key is %2F); an
 // IP address is grouped by the zone's ipv4_prefix/ipv6_prefix and a long
@@ -64,8 +67,12 @@ func (a *AdminAPI) serveHTTP(w http.ResponseWriter, r *http.Request) error {
 		return notFound("no such endpoint: %s", r.URL.Path)
 	}
 	rawZone, rawKey, ok := strings.Cut(rest, "/keys/")
+	bans := false
 	if !ok {
-		return notFound("no such endpoint: %s (want /rate_limit/zones/<zone>/keys/<key>)", r.URL.Path)
+		rawZone, rawKey, bans = strings.Cut(rest, "/bans/")
+	}
+	if !ok && !bans {
+		return notFound("no such endpoint: %s (want /rate_limit/zones/<zone>/keys/<key> or /bans/<key>)", r.URL.Path)
 	}
 	name, err1 := url.PathUnescape(rawZone)
 	key, err2 := url.PathUnescape(rawKey)
@@ -76,11 +83,14 @@ func (a *AdminAPI) serveHTTP(w http.ResponseWriter, r *http.Request) error {
 	if len(zs) == 0 {
 		return notFound("unknown zone %q", name)
 	}
+	if bans && zs[0].z.ban == nil {
+		return notFound("zone %q has no ban", name)
+	}
 	switch r.Method {
 	case http.MethodGet:
 		return showKey(w, r, zs, key)
 	case http.MethodDelete:
-		return resetKey(w, r, zs, key)
+		return resetKey(w, r, zs, key, bans)
 	default:
 		return methodNotAllowed(w, r, http.MethodGet, http.MethodDelete)
 	}
@@ -176,44 +186,89 @@ type keyState struct {
 	Remaining int64   `json:"remaining"` // whole events available now
 	Reset     float64 `json:"reset"`     // seconds until the quota is whole again
 	Wait      float64 `json:"wait"`      // seconds until one event would be admitted
+
+	// Ban is the key's ban, in a zone with one.
+	Ban *banState `json:"ban,omitempty"`
+	// InFlight is the key's requests in flight, in a zone with
+	// concurrency.
+	InFlight *int64 `json:"in_flight,omitempty"`
+}
+
+// banState is a key's ban in GET /rate_limit/zones/<zone>/keys/<key> and
+// /bans/<key>.
+type banState struct {
+	Banned      bool    `json:"banned"`
+	Left        float64 `json:"seconds_left"` // seconds until the ban ends; 0 when not banned
+	StrikesLeft int64   `json:"strikes_left"` // rejections the key may still get in this window before a ban
 }
 
 func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) error {
 	for _, lz := range zs {
 		stored := lz.z.storedKey(key)
-		d, ok, err := lz.z.limiter.Peek(r.Context(), stored, lz.now())
-		if err != nil {
-			return storeUnavailable(lz.z.name, err)
+		var st keyState
+		held := false
+		for _, p := range lz.z.parts {
+			d, ok, err := p.limiter.Peek(r.Context(), stored, lz.now())
+			if err != nil {
+				return storeUnavailable(lz.z.name, err)
+			}
+			held = held || ok
+			if !ok { // a fresh state
+				fresh := algorithms.State{}
+				d = p.spec.Limit.Peek(&fresh, lz.now(), algorithms.Milli)
+			}
+			switch {
+			case p.role == roleBan:
+				st.Ban = &banState{Banned: !d.Allowed, Left: float64(d.Wait) / microsPerSecond, StrikesLeft: d.Remaining}
+				continue
+			case p.role == roleSlots:
+				n := p.spec.Limit.Events
+				if d.Allowed {
+					n -= d.Remaining + 1
+				}
+				st.InFlight = &n
+			}
+			if p == lz.z {
+				st.Allowed, st.Remaining = d.Allowed, d.Remaining
+				st.Reset, st.Wait = float64(d.Reset)/microsPerSecond, float64(d.Wait)/microsPerSecond
+			}
 		}
-		if ok {
-			return writeJSON(w, keyState{
-				Zone:      lz.z.name,
-				Key:       stored,
-				Allowed:   d.Allowed,
-				Remaining: d.Remaining,
-				Reset:     float64(d.Reset) / microsPerSecond,
-				Wait:      float64(d.Wait) / microsPerSecond,
-			})
+		if held {
+			st.Zone, st.Key = lz.z.name, stored
+			return writeJSON(w, st)
 		}
 	}
 	return notFound("zone %q holds no key %q", zs[0].z.name, key)
 }
 
-func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) error {
+// resetKey forgets the key in every part of the zone (lifting its ban),
+// or with banOnly only lifts its ban.
+func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string, banOnly bool) error {
 	found := false
 	stored := ""
 	for _, lz := range zs {
 		stored = lz.z.storedKey(key)
-		ok, err := lz.z.limiter.Reset(r.Context(), stored)
-		if err != nil {
-			return storeUnavailable(lz.z.name, err)
-		}
-		found = found || ok
-		if lz.z.local != nil { // on_storage_error local's fallback state
-			if ok, err := lz.z.local.Reset(r.Context(), stored); err == nil && ok {
-				found = true
+		for _, p := range lz.z.parts {
+			if banOnly && p.role != roleBan {
+				continue
+			}
+			ok, err := p.limiter.Reset(r.Context(), stored)
+			if err != nil {
+				return storeUnavailable(lz.z.name, err)
+			}
+			found = found || ok
+			if p.local != nil { // on_storage_error local's fallback state
+				if ok, err := p.local.Reset(r.Context(), stored); err == nil && ok {
+					found = true
+				}
 			}
 		}
+	}
+	if banOnly {
+		if !found {
+			return notFound("zone %q holds no ban or strike for key %q", zs[0].z.name, key)
+		}
+		return writeJSON(w, map[string]any{"zone": zs[0].z.name, "key": stored, "lifted": true})
 	}
 	if !found {
 		return notFound("zone %q holds no key %q", zs[0].z.name, key)

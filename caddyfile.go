@@ -45,6 +45,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			ipv6_prefix  <bits>
 //			on_storage_error allow|deny|local
 //			dry_run
+//			concurrency  <n>                 # requests of one key in flight at once
+//			concurrency_lease <duration>     # Redis: a dead instance's slots free within this; default 30s
+//			ban          <duration>          # refuse a key this long once the zone rejected it ban_after times in a window
+//			ban_after    <n>                 # default 1
 //		}
 //		storage memory|redis [{ ... }]
 //		headers ietf|ietf-draft-03|x-ratelimit|none ...
@@ -221,6 +225,14 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			z.DryRun = true
+		case "concurrency":
+			z.Concurrency, err = intArg(d)
+		case "concurrency_lease":
+			z.ConcurrencyLease, err = durationArg(d)
+		case "ban":
+			z.Ban, err = durationArg(d)
+		case "ban_after":
+			z.BanAfter, err = intArg(d)
 		default:
 			return d.Errf("zone '%s': unrecognized subdirective '%s'", name, opt)
 		}
@@ -234,8 +246,9 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 	if rate && (events || window) {
 		return errAt(at["rate"], fmt.Errorf("zone '%s': rate is shorthand for events and window; give one or the other", name))
 	}
-	if !rate && (!events || !window) {
-		return errAt(zoneTok, fmt.Errorf("zone '%s': a zone requires both events and window (or rate)", name))
+	_, slots := at["concurrency"]
+	if !rate && (!events || !window) && (events || window || !slots) {
+		return errAt(zoneTok, fmt.Errorf("zone '%s': a zone requires both events and window (or rate), unless it has only concurrency", name))
 	}
 	if rate {
 		at["events"], at["window"] = at["rate"], at["rate"]

@@ -14,7 +14,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "[--address <admin>] zones | show <zone> <key> | reset <zone> <key>",
+		Usage: "[--address <admin>] zones | show <zone> <key> | reset <zone> <key> | unban <zone> <key>",
 		Short: "Lists rate-limit zones, shows or resets a key through the admin API",
 		Long: `
 Talks to the rate-limit admin API (admin.api.rate_limit) of a running Caddy
@@ -23,6 +23,7 @@ and prints what it answers, as JSON.
   zones               the live zones and their key counts
   show <zone> <key>   one key's state: allowed, remaining, reset, wait
   reset <zone> <key>  reset the key: its next request finds a fresh state
+  unban <zone> <key>  lift the key's ban (in a zone with ban), leaving its rate
 
 <key> is the resolved key as the zone's key template produces it (an IP
 address, an API key, a user name), given as it is: the command escapes it
@@ -40,10 +41,12 @@ that cannot answer, is an error, with the API's answer.
 				use, short string
 				method     string
 				args       int
+				path       string // the key's endpoint: keys or bans
 			}{
-				{"zones", "Lists the live zones and their key counts", http.MethodGet, 0},
-				{"show <zone> <key>", "Shows one key's state", http.MethodGet, 2},
-				{"reset <zone> <key>", "Resets one key", http.MethodDelete, 2},
+				{"zones", "Lists the live zones and their key counts", http.MethodGet, 0, ""},
+				{"show <zone> <key>", "Shows one key's state", http.MethodGet, 2, "keys"},
+				{"reset <zone> <key>", "Resets one key", http.MethodDelete, 2, "keys"},
+				{"unban <zone> <key>", "Lifts one key's ban", http.MethodDelete, 2, "bans"},
 			} {
 				cmd.AddCommand(&cobra.Command{
 					Use:   sub.use,
@@ -54,7 +57,7 @@ that cannot answer, is an error, with the API's answer.
 						if err != nil {
 							return err
 						}
-						return rateLimitRequest(cmd.OutOrStdout(), address, sub.method, args)
+						return rateLimitRequest(cmd.OutOrStdout(), address, sub.method, sub.path, args)
 					},
 				})
 			}
@@ -66,14 +69,14 @@ that cannot answer, is an error, with the API's answer.
 // API at address (Caddy's default when empty) and copies the answer to w:
 // GET /rate_limit/zones without args, the key's endpoint with a zone and
 // a key. An answer other than 2xx is an error that quotes it.
-func rateLimitRequest(w io.Writer, address, method string, args []string) error {
+func rateLimitRequest(w io.Writer, address, method, path string, args []string) error {
 	address, err := caddycmd.DetermineAdminAPIAddress(address, nil, "", "")
 	if err != nil {
 		return fmt.Errorf("determining the admin API address: %w", err)
 	}
 	uri := adminPrefix + "zones"
 	if len(args) == 2 {
-		uri = keyURI(args[0], args[1])
+		uri = keyURI(args[0], path, args[1])
 	}
 	resp, err := caddycmd.AdminAPIRequest(address, method, uri, nil, nil)
 	if err != nil {
@@ -86,9 +89,10 @@ func rateLimitRequest(w io.Writer, address, method string, args []string) error 
 	return nil
 }
 
-// keyURI is the admin API path of a key in a zone, each one path segment.
-func keyURI(zone, key string) string {
-	return adminPrefix + "zones/" + pathSegment(zone) + "/keys/" + pathSegment(key)
+// keyURI is the admin API path of a key in a zone (path "keys"), or of its
+// ban ("bans"), zone and key each one path segment.
+func keyURI(zone, path, key string) string {
+	return adminPrefix + "zones/" + pathSegment(zone) + "/" + path + "/" + pathSegment(key)
 }
 
 // pathSegment escapes s as one path segment: url.PathEscape escapes '/',

@@ -164,7 +164,7 @@ func TestKeyURI(t *testing.T) {
 		{"api", "2001:db8::1", "/rate_limit/zones/api/keys/2001:db8::1"},
 		{"api", "", "/rate_limit/zones/api/keys/"},
 	} {
-		if got := keyURI(c.zone, c.key); got != c.want {
+		if got := keyURI(c.zone, "keys", c.key); got != c.want {
 			t.Errorf("keyURI(%q, %q) = %q, want %q", c.zone, c.key, got, c.want)
 		}
 	}

@@ -18,6 +18,10 @@ import (
 // every would-be rejection of a dry-run zone.
 const eventExceeded = "rate_limit_exceeded"
 
+// eventBanned is the Caddy event emitted when a zone's rejection of a
+// key starts a ban (once per ban).
+const eventBanned = "rate_limit_banned"
+
 // eventQueueSize is how many events wait for the emitter before new ones
 // are dropped.
 const eventQueueSize = 1024
@@ -39,6 +43,7 @@ type emitter struct {
 
 // exceeded is one rejection, as queued.
 type exceeded struct {
+	event    string // eventExceeded or eventBanned
 	zone     string
 	wait     int64 // µs, or algorithms.Never
 	dryRun   bool
@@ -75,11 +80,17 @@ func (h *Handler) provisionEvents(ctx caddy.Context) error {
 // emitExceeded queues the rate_limit_exceeded event for res's rejection
 // (dryRun: a dry-run zone's would-be rejection). It never blocks.
 func (h *Handler) emitExceeded(r *http.Request, res *result, dryRun bool) {
+	h.emit(r, eventExceeded, res, dryRun)
+}
+
+// emit queues event for res (for eventBanned, res is the ban's result and
+// wait the ban's length).
+func (h *Handler) emit(r *http.Request, event string, res *result, dryRun bool) {
 	e := h.events
 	if e == nil {
 		return
 	}
-	ev := exceeded{zone: res.z.name, wait: res.d.Wait, dryRun: dryRun}
+	ev := exceeded{event: event, zone: res.z.name, wait: res.d.Wait, dryRun: dryRun}
 	ev.clientIP, _ = caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
 	if h.LogKey {
 		ev.key = res.key
@@ -98,11 +109,11 @@ func (e *emitter) run(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case ev := <-e.queue:
-			e.app.Emit(e.ctx, eventExceeded, ev.data())
+			e.app.Emit(e.ctx, ev.event, ev.data())
 			if n := e.dropped.Load(); n > 0 {
 				if _, ok := e.dropLog.allow(e.now(), logThrottleInterval); ok {
 					e.dropped.Add(-n)
-					e.logger.Warn("rate_limit_exceeded events dropped: event subscribers are too slow",
+					e.logger.Warn("rate_limit events dropped: event subscribers are too slow",
 						zap.Int64("dropped", n))
 				}
 			}

@@ -39,11 +39,15 @@ type result struct {
 	cost    int64
 	d       algorithms.Decision
 	limiter storage.Limiter // the limiter that decided (remote or local)
+	strike  int             // 1 + the index of the zone's ban part in the request's results, or 0
 }
 
 // charged reports whether the decision took quota that must be given back
-// if the request does not go ahead.
-func (r *result) charged() bool { return r.d.Allowed && r.cost > 0 }
+// if the request does not go ahead. A concurrency slot is given back
+// when the request ends (slotHold), whichever way it ends.
+func (r *result) charged() bool {
+	return r.d.Allowed && r.cost > 0 && r.z.role == roleRate && !storage.Skipped(r.d)
+}
 
 // inlineZones is how many applied zones a request tracks without
 // allocating.
@@ -72,7 +76,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		results = append(results, result{z: z, key: z.resolveKey(r, repl), cost: z.resolveCost(repl)})
+		key := z.resolveKey(r, repl)
+		if len(z.parts) == 1 {
+			results = append(results, result{z: z, key: key, cost: z.resolveCost(repl)})
+			continue
+		}
+		results = appendParts(results, z, key, repl)
 	}
 	if len(results) == 0 {
 		return next.ServeHTTP(w, r)
@@ -86,10 +95,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rejected = takeMemory(now, results)
 	}
 	h.noteDryRuns(r, results)
+	if h.bans {
+		h.noteBans(r, results)
+	}
 	if rejected >= 0 {
 		return h.reject(w, r, repl, results, rejected, now)
 	}
 	return h.admit(w, r, repl, next, results, now)
+}
+
+// appendParts appends a zone's parts to a request's results: its ban
+// first, to which the others' rejections count as strikes, then its rate
+// and its concurrency slot (one request each, whatever its cost).
+func appendParts(results []result, z *zone, key string, repl *caddy.Replacer) []result {
+	strike := 0
+	for _, p := range z.parts {
+		res := result{z: p, key: key, cost: algorithms.Milli, strike: strike}
+		switch p.role {
+		case roleBan:
+			strike = len(results) + 1
+			res.strike = 0
+		case roleRate:
+			res.cost = z.resolveCost(repl)
+		}
+		results = append(results, res)
+	}
+	return results
 }
 
 // decide decides every applied zone on the handler's store as one step
@@ -106,10 +137,58 @@ func (h *Handler) decide(r *http.Request, results []result, now int64) (rejected
 		rejected, err = takeEach(r.Context(), now, results)
 	}
 	h.storeDone(start)
-	for i := range results {
-		results[i].z.metrics.count(&results[i].d, err)
-	}
+	forZones(results, func(parts []result) {
+		parts[0].z.base.metrics.count(zoneResult(parts), err)
+	})
 	return rejected, err
+}
+
+// forZones calls f with each zone's results: its parts, which are
+// consecutive.
+func forZones(results []result, f func(parts []result)) {
+	for i := 0; i < len(results); {
+		j := i + 1
+		for j < len(results) && results[j].z.base == results[i].z.base {
+			j++
+		}
+		f(results[i:j])
+		i = j
+	}
+}
+
+// zoneOutcome is what a zone decided of a request.
+type zoneOutcome uint8
+
+const (
+	outcomeAllowed  zoneOutcome = iota
+	outcomeRejected             // by its rate or its concurrency
+	outcomeBanned               // by a ban that held before the request
+	outcomeBanStart             // rejected, and the rejection started a ban
+)
+
+// zoneResult is what a zone's parts decided (a banned zone's other parts
+// are not decided, and a ban that the request's rejection started leaves
+// them rejected).
+func zoneResult(parts []result) zoneOutcome {
+	banned, rejected := false, false
+	for i := range parts {
+		if !parts[i].d.Allowed {
+			if parts[i].z.role == roleBan {
+				banned = true
+			} else {
+				rejected = true
+			}
+		}
+	}
+	switch {
+	case banned && rejected:
+		return outcomeBanStart
+	case banned:
+		return outcomeBanned
+	case rejected:
+		return outcomeRejected
+	}
+	return outcomeAllowed
 }
 
 // onStoreError applies each zone's on_storage_error after the store failed
@@ -120,7 +199,9 @@ func (h *Handler) onStoreError(results []result, err error) ([]result, error) {
 	n := 0
 	for i := range results {
 		z := results[i].z
-		h.logStoreError(z, err)
+		if i == 0 || results[i-1].z.base != z.base {
+			h.logStoreError(z.base, err) // once per zone
+		}
 		switch z.onError {
 		case failDeny:
 			return nil, errStoreUnavailable{zone: z.name, err: err}
@@ -170,6 +251,30 @@ func (h *Handler) noteDryRuns(r *http.Request, results []result) {
 	}
 }
 
+// noteBans logs and emits the bans the request's rejection started.
+func (h *Handler) noteBans(r *http.Request, results []result) {
+	forZones(results, func(parts []result) {
+		if zoneResult(parts) != outcomeBanStart {
+			return
+		}
+		ban := &parts[0] // a zone's ban is its first part
+		if ce := h.logger.Check(zap.InfoLevel, "rate limit ban started"); ce != nil {
+			clientIP, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+			fields := []zap.Field{
+				zap.String("zone", ban.z.name),
+				zap.Duration("ban", time.Duration(ban.d.Wait)*time.Microsecond),
+				zap.String("client_ip", clientIP),
+				zap.Bool("dry_run", ban.z.dryRun),
+			}
+			if h.LogKey {
+				fields = append(fields, zap.String("key", ban.key))
+			}
+			ce.Write(fields...)
+		}
+		h.emit(r, eventBanned, ban, ban.z.dryRun)
+	})
+}
+
 // admit sends an admitted request on, with its headers, after the longest
 // shaping delay of its zones. A client that goes away while delayed gives
 // its place back.
@@ -177,6 +282,11 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	h.writeHeaders(w.Header(), results, -1, -1, now)
 	if len(results) > 0 {
 		setQuotaPlaceholders(repl, &results[mostRestrictive(results, -1)])
+	}
+	if h.slots {
+		if hold := h.holdSlots(r.Context(), results); hold != nil {
+			defer hold.release(r.Context())
+		}
 	}
 	if delay := maxDelay(results); delay > 0 {
 		t := time.NewTimer(time.Duration(delay) * time.Microsecond)
@@ -218,6 +328,7 @@ func (h *Handler) logUndoErrors(z *zone, err error) {
 // request, none if one of them never can.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, results []result, rejected int, now int64) error {
 	res := &results[rejected]
+	quota := &results[shown(results, rejected)] // a ban's zone reports its rate
 	retryAfter := int64(-1)
 	if wait := admitWait(results); wait != algorithms.Never {
 		retryAfter = retryAfterSeconds(wait, h.Jitter, res.z.name, res.key)
@@ -226,7 +337,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	h.writeHeaders(w.Header(), results, rejected, retryAfter, now)
 	repl.Set("http.rate_limit.zone", res.z.name)
 	repl.Set("http.rate_limit.exceeded.name", res.z.name)
-	setQuotaPlaceholders(repl, res)
+	setQuotaPlaceholders(repl, quota)
 	if retryAfter >= 0 {
 		repl.Set("http.rate_limit.retry_after", retryAfter)
 	} else {

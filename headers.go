@@ -73,10 +73,14 @@ func (h *Handler) writeHeaders(hdr http.Header, results []result, rejected int, 
 	}
 	m := mostRestrictive(results, rejected)
 	res := &results[m]
+	if rejected >= 0 {
+		m = shown(results, rejected)
+		res = &results[m]
+	}
 	limit := strconv.FormatInt(res.z.spec.Limit.Events, 10)
 	remaining := strconv.FormatInt(res.d.Remaining, 10)
 	reset := ceilSeconds(res.d.Reset)
-	if m == rejected && retryAfter >= 0 {
+	if rejected >= 0 && retryAfter >= 0 {
 		reset = retryAfter
 	}
 	if h.headers&headersDraft03 != 0 {
@@ -100,22 +104,31 @@ func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, ret
 	} else {
 		var b strings.Builder
 		for i := range results {
-			if i > 0 {
+			if results[i].z.policy == "" {
+				continue // a ban: no quota to advertise
+			}
+			if b.Len() > 0 {
 				b.WriteString(", ")
 			}
 			b.WriteString(results[i].z.policy)
 		}
 		policy = b.String()
 	}
+	if rejected >= 0 {
+		rejected = shown(results, rejected)
+	}
 	var arr [160]byte
 	buf := arr[:0]
 	for i := range results {
 		res := &results[i]
-		if i > 0 {
+		if res.z.policy == "" {
+			continue
+		}
+		if len(buf) > 0 {
 			buf = append(buf, ", "...)
 		}
 		buf = append(buf, '"')
-		buf = append(buf, res.z.name...)
+		buf = append(buf, res.z.hname...)
 		buf = append(buf, `";r=`...)
 		buf = strconv.AppendInt(buf, res.d.Remaining, 10)
 		buf = append(buf, ";t="...)
@@ -131,14 +144,30 @@ func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, ret
 	hdr["Ratelimit"] = vals[1:2:2]
 }
 
+// shown is the result whose quota the headers and placeholders report
+// for the rejecting result rejected: itself, or for a ban its zone's rate,
+// which follows it.
+func shown(results []result, rejected int) int {
+	if results[rejected].z.role == roleBan {
+		return rejected + 1
+	}
+	return rejected
+}
+
 // mostRestrictive is the index of the rejecting result, or else of the one
-// with the fewest remaining events (the later reset on a tie).
+// with the fewest remaining events (the later reset on a tie), bans aside.
 func mostRestrictive(results []result, rejected int) int {
 	if rejected >= 0 {
-		return rejected
+		return shown(results, rejected)
 	}
 	m := 0
-	for i := 1; i < len(results); i++ {
+	if results[0].z.role == roleBan {
+		m = 1
+	}
+	for i := m + 1; i < len(results); i++ {
+		if results[i].z.role == roleBan {
+			continue
+		}
 		a, b := &results[i].d, &results[m].d
 		if a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.Reset > b.Reset) {
 			m = i

@@ -9,7 +9,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/caddy-tollgate/tollgate/algorithms"
 )
 
 // Tollgate's Prometheus metrics. Caddy gives every configuration a fresh
@@ -31,7 +30,7 @@ var rateLimitMetrics = struct {
 		Namespace: "caddy",
 		Subsystem: "http",
 		Name:      "rate_limit_requests_total",
-		Help:      "Rate-limit decisions by zone and result: allowed, rejected, dry_run_rejected (a dry-run zone would have rejected), storage_error (the store failed).",
+		Help:      "Rate-limit decisions by zone and result: allowed, rejected, banned (refused by a ban in force), dry_run_rejected (a dry-run zone would have rejected), storage_error (the store failed).",
 	}, []string{"zone", "result"}),
 	storeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy",
@@ -54,6 +53,7 @@ var rateLimitMetrics = struct {
 const (
 	resultAllowed        = "allowed"
 	resultRejected       = "rejected"
+	resultBanned         = "banned"
 	resultDryRunRejected = "dry_run_rejected"
 	resultStorageError   = "storage_error"
 )
@@ -64,6 +64,7 @@ const (
 type zoneMetrics struct {
 	allowed      prometheus.Counter
 	rejected     prometheus.Counter // dry_run_rejected in a dry-run zone
+	banned       prometheus.Counter // dry_run_rejected in a dry-run zone
 	storageError prometheus.Counter
 }
 
@@ -109,14 +110,17 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	}
 	h.storeSeconds = m.storeSeconds.WithLabelValues(backendName(h.backend))
 	for _, z := range h.zones {
-		rejected := resultRejected
+		rejected, banned := resultRejected, resultBanned
 		if z.dryRun {
-			rejected = resultDryRunRejected
+			rejected, banned = resultDryRunRejected, resultDryRunRejected
 		}
 		z.metrics = &zoneMetrics{
 			allowed:      m.requests.WithLabelValues(z.name, resultAllowed),
 			rejected:     m.requests.WithLabelValues(z.name, rejected),
 			storageError: m.requests.WithLabelValues(z.name, resultStorageError),
+		}
+		if z.ban != nil {
+			z.metrics.banned = m.requests.WithLabelValues(z.name, banned)
 		}
 	}
 	return nil
@@ -146,16 +150,19 @@ func (h *Handler) storeDone(start time.Duration) {
 	}
 }
 
-// count counts one zone's decision d, or its store's failure err.
-func (m *zoneMetrics) count(d *algorithms.Decision, err error) {
+// count counts one zone's decision of a request, or its store's failure
+// err.
+func (m *zoneMetrics) count(o zoneOutcome, err error) {
 	if m == nil {
 		return
 	}
 	switch {
 	case err != nil:
 		m.storageError.Inc()
-	case d.Allowed:
+	case o == outcomeAllowed:
 		m.allowed.Inc()
+	case o == outcomeBanned:
+		m.banned.Inc()
 	default:
 		m.rejected.Inc()
 	}

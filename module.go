@@ -89,6 +89,8 @@ type Handler struct {
 	mem     *MemoryStorage // the default backend and on_storage_error local's
 	memory  bool           // the backend is the memory store
 	redis   *RedisStorage  // the backend, if it is Redis
+	bans    bool           // a zone has a ban
+	slots   bool           // a zone has concurrency slots
 	logger  *zap.Logger
 	now     func() int64 // µs since the Unix epoch: clock, at provision
 
@@ -156,6 +158,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
 		h.zones = append(h.zones, z)
+		h.bans = h.bans || z.ban != nil
+		for _, p := range z.parts {
+			h.slots = h.slots || p.role == roleSlots
+		}
 	}
 	if h.redis != nil {
 		h.warnIfRedisUnreachable(ctx)

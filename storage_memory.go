@@ -47,7 +47,7 @@ func (pooledStore) Destruct() error { return nil }
 // changes starts afresh, since its old state means something else.
 func memoryPoolKey(z storage.Zone) string {
 	l := z.Limit
-	return fmt.Sprintf("%s/%s/%d/%d/%d/%d/%d", z.Name, l.Kind, l.Events, l.Window, l.Burst, l.MaxDelay, z.MaxKeys)
+	return fmt.Sprintf("%s/%s/%d/%d/%d/%d/%d/%d", z.Name, l.Kind, l.Events, l.Window, l.Burst, l.MaxDelay, l.Hold, z.MaxKeys)
 }
 
 // OpenLimiter returns the zone's memory store, the same one across reloads.
@@ -98,7 +98,7 @@ func takeMemory(now int64, results []result) int {
 	}
 	for i := range results {
 		res := &results[i]
-		reqs = append(reqs, memory.Request{Store: res.z.mem, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun})
+		reqs = append(reqs, memory.Request{Store: res.z.mem, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun, Strike: res.strike})
 	}
 	rejected := memory.TakeAll(now, reqs, ds)
 	for i := range results {

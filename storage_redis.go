@@ -397,6 +397,22 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 	return err
 }
 
+// Renew extends a concurrency lease (see redis.Store's zones' Renew).
+func (l *redisLimiter) Renew(ctx context.Context, key string, now int64, taken algorithms.Decision) error {
+	r, ok := l.inner.(leaseRenewer)
+	if !ok {
+		return fmt.Errorf("%T keeps no leases", l.inner)
+	}
+	if !l.health.admit() {
+		return errRedisDown
+	}
+	c, cancel := context.WithTimeout(ctx, l.timeout)
+	err := r.Renew(c, key, now, taken)
+	cancel()
+	l.health.observe(ctx, err)
+	return err
+}
+
 func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
 	c, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
@@ -428,7 +444,7 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 		if !ok {
 			return -1, fmt.Errorf("zone %s is not on this Redis storage", res.z.name)
 		}
-		reqs = append(reqs, redisstore.Request{Zone: lim.inner, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun})
+		reqs = append(reqs, redisstore.Request{Zone: lim.inner, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun, Strike: res.strike})
 	}
 	c, cancel := context.WithTimeout(ctx, r.timeout)
 	// Redis decides by its own clock; the store's deny cache times its

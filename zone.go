@@ -78,7 +78,30 @@ type Zone struct {
 
 	// DryRun makes the zone record its decisions without rejecting.
 	DryRun bool `json:"dry_run,omitempty"`
+
+	// Concurrency limits the requests of one key in flight in the zone at
+	// once, from admission until the rest of the handler chain returns.
+	// Alone (a zone without events and window), or beside the rate, when
+	// both must admit a request.
+	Concurrency int64 `json:"concurrency,omitempty"`
+
+	// ConcurrencyLease is how long a concurrency slot held in Redis lasts
+	// unless the instance holding it renews it (every third of it, while
+	// the request runs): the slots of an instance that died free within
+	// one lease. Default: 30s; at least 1s.
+	ConcurrencyLease caddy.Duration `json:"concurrency_lease,omitempty"`
+
+	// Ban refuses every request of a key to the zone for this long once
+	// the zone has rejected it BanAfter times within one window.
+	Ban caddy.Duration `json:"ban,omitempty"`
+
+	// BanAfter is how many rejections within one window start a ban.
+	// Default: 1.
+	BanAfter int64 `json:"ban_after,omitempty"`
 }
+
+// defaultLease is concurrency_lease when it is not set.
+const defaultLease = 30 * time.Second
 
 // Cost is a request cost: a number, or a template of placeholders. In JSON
 // it is a number or a string.
@@ -152,7 +175,8 @@ type zone struct {
 	// memory backend, its local one for on_storage_error local; else nil.
 	mem *memory.Store
 
-	policy string // this zone's RateLimit-Policy item, built once
+	policy string // this part's RateLimit-Policy item, built once; "" for a ban
+	hname  string // this part's name in RateLimit headers
 
 	// The {http.rate_limit.limit} and {http.rate_limit.remaining} values,
 	// boxed once: the replacer keeps values as any, and boxing a number
@@ -162,12 +186,20 @@ type zone struct {
 
 	metrics *zoneMetrics // nil when Caddy's metrics are off
 	errLog  logThrottle  // store failures log at most once per logThrottleInterval
+
+	role  partRole // what this part of its zone limits (see partRole)
+	base  *zone    // the zone this is a part of: the one in the handler's zones
+	parts []*zone  // on a base: its parts in decision order, itself among them
+	ban   *zone    // on a base: its ban part, or nil
 }
 
 // zoneSettings are a Zone's values, checked and parsed: all of a zone
 // that needs no caddy.Context.
 type zoneSettings struct {
-	limit          algorithms.Limit
+	rate           bool             // the zone has a rate (events and window)
+	limit          algorithms.Limit // the rate
+	slots          *algorithms.Limit
+	ban            *algorithms.Limit
 	key            string
 	v4bits, v6bits int
 	costTemplate   string // empty when the cost is constant
@@ -200,15 +232,40 @@ func (zc *Zone) settings() (zoneSettings, error) {
 		}
 		events, eventsField = zc.MaxEvents, "max_events"
 	}
-	if events == 0 && zc.Window == 0 {
-		return s, fmt.Errorf("events and window are required (or rate)")
-	}
-	s.limit, err = algorithms.NewLimit(kind, events, time.Duration(zc.Window), zc.Burst, time.Duration(zc.MaxDelay))
-	if err != nil {
-		if rest, ok := strings.CutPrefix(err.Error(), "events: "); ok && eventsField != "events" {
-			err = fmt.Errorf("%s: %s", eventsField, rest)
-		}
+	if err := zc.guards(&s); err != nil {
 		return s, err
+	}
+	s.rate = events != 0 || zc.Window != 0
+	if !s.rate && s.slots == nil {
+		return s, fmt.Errorf("events and window are required (or rate), unless the zone has only concurrency")
+	}
+	if !s.rate {
+		if err := zc.rateOnly(); err != nil {
+			return s, err
+		}
+		s.limit = *s.slots
+	} else {
+		s.limit, err = algorithms.NewLimit(kind, events, time.Duration(zc.Window), zc.Burst, time.Duration(zc.MaxDelay))
+		if err != nil {
+			if rest, ok := strings.CutPrefix(err.Error(), "events: "); ok && eventsField != "events" {
+				err = fmt.Errorf("%s: %s", eventsField, rest)
+			}
+			return s, err
+		}
+	}
+	if zc.Ban != 0 {
+		if !s.rate {
+			return s, fmt.Errorf("ban: a ban counts the zone's rejections within its window, so it needs a rate (events and window); got ban %s in a zone with only concurrency", time.Duration(zc.Ban))
+		}
+		after := zc.BanAfter
+		if after == 0 {
+			after = 1
+		}
+		b, err := algorithms.NewBan(after, time.Duration(zc.Window), time.Duration(zc.Ban))
+		if err != nil {
+			return s, err
+		}
+		s.ban = &b
 	}
 
 	s.key = zc.Key
@@ -252,7 +309,9 @@ func (zc *Zone) settings() (zoneSettings, error) {
 	// A fixed cost above the capacity could never be admitted: the zone
 	// would reject every request. A template's cost is the client's, and
 	// above the capacity it is a 429 without Retry-After.
-	if capacity := s.limit.Capacity(); s.costTemplate == "" && s.cost > capacity {
+	if capacity := s.limit.Capacity(); !s.rate {
+		// A concurrency slot counts requests, not costs.
+	} else if s.costTemplate == "" && s.cost > capacity {
 		return s, fmt.Errorf("cost: %s is above the zone's capacity of %d events (%s), so no request could ever be admitted",
 			strings.TrimSpace(string(zc.Cost)), capacity/algorithms.Milli, capacityField(s.limit))
 	} else if zc.DefaultCost != nil && s.defaultCost > capacity {
@@ -273,16 +332,18 @@ func (zc *Zone) settings() (zoneSettings, error) {
 	return s, nil
 }
 
-// provisionZone builds a zone that Validate has checked.
+// provisionZone builds a zone that Validate has checked: its parts, each
+// with its limiter.
 func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	s, err := zc.settings()
 	if err != nil {
 		return nil, err
 	}
-	limit := s.limit
-	z := &zone{
+	if (s.ban != nil || s.slots != nil) && !h.memory && h.redis == nil {
+		return nil, fmt.Errorf("concurrency and ban: need storage memory or redis, which decide them with the rate as one step")
+	}
+	shared := &zone{
 		name:         name,
-		spec:         storage.Zone{Name: name, Limit: limit, MaxKeys: h.MaxKeys},
 		key:          s.key,
 		clientIP:     s.key == defaultKey,
 		v4bits:       s.v4bits,
@@ -293,37 +354,41 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		onError:      s.onError,
 		dryRun:       zc.DryRun,
 	}
-
 	if zc.MatcherSetsRaw != nil {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
 		if err != nil {
 			return nil, fmt.Errorf("loading matchers: %w", err)
 		}
-		if err := z.matchers.FromInterface(mods); err != nil {
+		if err := shared.matchers.FromInterface(mods); err != nil {
 			return nil, fmt.Errorf("match: %w", err)
 		}
 	}
 
-	z.policy = policyItem(name, limit)
-	z.limitValue = limit.Events
-	z.remainingValues = make([]any, min(limit.Burst, 1024)+1)
-	for n := range z.remainingValues {
-		z.remainingValues[n] = int64(n)
+	role := roleRate
+	if !s.rate {
+		role = roleSlots
 	}
-
-	if z.limiter, err = h.backend.OpenLimiter(z.spec); err != nil {
-		return nil, fmt.Errorf("storage: %w", err)
+	z, err := h.openPart(shared, role, s.limit)
+	if err != nil {
+		return nil, err
 	}
-	if h.memory {
-		h.warnMemoryBound(z.spec)
-	}
-	z.mem, _ = z.limiter.(*memory.Store)
-	if z.onError == failLocal && z.mem == nil {
-		h.warnMemoryBound(z.spec)
-		if z.local, err = h.mem.OpenLimiter(z.spec); err != nil {
-			return nil, fmt.Errorf("on_storage_error local: %w", err)
+	if s.ban != nil {
+		if z.ban, err = h.openPart(z, roleBan, *s.ban); err != nil {
+			return nil, fmt.Errorf("ban: %w", err)
 		}
-		z.mem, _ = z.local.(*memory.Store)
+		z.parts = append(z.parts, z.ban)
+	}
+	z.parts = append(z.parts, z)
+	if s.rate && s.slots != nil {
+		slots, err := h.openPart(z, roleSlots, *s.slots)
+		if err != nil {
+			return nil, fmt.Errorf("concurrency: %w", err)
+		}
+		// Its own item in the RateLimit headers, beside the rate's; no
+		// zone name has a '/'.
+		slots.hname = name + "/concurrency"
+		slots.policy = policyItem(slots.hname, *s.slots)
+		z.parts = append(z.parts, slots)
 	}
 	return z, nil
 }
@@ -347,20 +412,24 @@ func validZoneName(name string) error {
 	return nil
 }
 
-// release closes what the zone opened.
+// release closes what the zone's parts opened.
 func (z *zone) release() {
-	for _, l := range []storage.Limiter{z.limiter, z.local} {
-		if c, ok := l.(interface{ Close() }); ok {
-			c.Close()
+	for _, p := range z.parts {
+		for _, l := range []storage.Limiter{p.limiter, p.local} {
+			if c, ok := l.(interface{ Close() }); ok {
+				c.Close()
+			}
 		}
 	}
 }
 
-// sweep forgets fresh keys in the zone's memory stores.
+// sweep forgets fresh keys in the memory stores of the zone's parts.
 func (z *zone) sweep(now int64) {
-	for _, l := range []storage.Limiter{z.limiter, z.local} {
-		if s, ok := l.(interface{ Sweep(int64) int }); ok {
-			s.Sweep(now)
+	for _, p := range z.parts {
+		for _, l := range []storage.Limiter{p.limiter, p.local} {
+			if s, ok := l.(interface{ Sweep(int64) int }); ok {
+				s.Sweep(now)
+			}
 		}
 	}
 }
@@ -430,6 +499,9 @@ func (z *zone) resolveCost(repl *caddy.Replacer) int64 {
 // whole seconds, a window under one second written as the equivalent quota
 // per second.
 func policyItem(name string, l algorithms.Limit) string {
+	if l.Kind == algorithms.Concurrency {
+		return `"` + name + `";q=` + strconv.FormatInt(l.Events, 10) + `;qu="concurrent-requests"`
+	}
 	const second = int64(time.Second / time.Microsecond)
 	q, w := l.Events, l.Window/second
 	switch {

@@ -1,0 +1,215 @@
+package tollgate
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+	"github.com/caddy-tollgate/tollgate/storage/memory"
+)
+
+// A zone is decided as up to three parts, each a limit of its own with
+// its own state per key, decided together as one step (memory.TakeAll,
+// one Redis script): its ban, its rate, its concurrency slots, in that
+// order. A zone without ban and concurrency is one part, the rate. The
+// zone's first part after the ban (the rate, or the slots of a zone
+// without one) is the zone itself: the handler's zones list, the admin
+// API and the metrics see it.
+type partRole uint8
+
+const (
+	roleRate partRole = iota
+	roleSlots
+	roleBan
+)
+
+// guards checks and parses the zone's concurrency, concurrency_lease, ban
+// and ban_after into s.
+func (zc *Zone) guards(s *zoneSettings) error {
+	if zc.Concurrency < 0 {
+		return fmt.Errorf("concurrency: must be greater than 0, got %d", zc.Concurrency)
+	}
+	if zc.ConcurrencyLease != 0 && zc.Concurrency == 0 {
+		return fmt.Errorf("concurrency_lease: only with concurrency, got concurrency_lease %s without it", time.Duration(zc.ConcurrencyLease))
+	}
+	if zc.BanAfter != 0 && zc.Ban == 0 {
+		return fmt.Errorf("ban_after: only with ban, got ban_after %d without it", zc.BanAfter)
+	}
+	if zc.Concurrency > 0 {
+		lease := time.Duration(zc.ConcurrencyLease)
+		if lease == 0 {
+			lease = defaultLease
+		}
+		l, err := algorithms.NewConcurrency(zc.Concurrency, lease)
+		if err != nil {
+			return err
+		}
+		s.slots = &l
+	}
+	return nil
+}
+
+// rateOnly refuses the options of a rate in a zone that has only
+// concurrency: they would be silently ignored.
+func (zc *Zone) rateOnly() error {
+	for _, f := range []struct {
+		name string
+		set  bool
+		val  any
+	}{
+		{"algorithm", zc.Algorithm != "", zc.Algorithm},
+		{"burst", zc.Burst != 0, zc.Burst},
+		{"max_delay", zc.MaxDelay != 0, time.Duration(zc.MaxDelay)},
+		{"cost", zc.Cost != "", string(zc.Cost)},
+		{"default_cost", zc.DefaultCost != nil, zc.DefaultCost},
+	} {
+		if f.set {
+			if p, ok := f.val.(*float64); ok {
+				f.val = *p
+			}
+			return fmt.Errorf("%s: belongs to a rate, and the zone has only concurrency (no events and window); got %s %v", f.name, f.name, f.val)
+		}
+	}
+	return nil
+}
+
+// openPart opens a part of zone z (whose shared fields are set) for limit
+// l: its own store state, and a memory fallback for on_storage_error
+// local.
+func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit) (*zone, error) {
+	p := &zone{
+		name:         z.name,
+		role:         role,
+		spec:         storage.Zone{Name: z.name, Limit: l, MaxKeys: h.MaxKeys},
+		matchers:     z.matchers,
+		key:          z.key,
+		clientIP:     z.clientIP,
+		v4bits:       z.v4bits,
+		v6bits:       z.v6bits,
+		costTemplate: z.costTemplate,
+		cost:         z.cost,
+		defaultCost:  z.defaultCost,
+		onError:      z.onError,
+		dryRun:       z.dryRun,
+	}
+	p.base = p
+	if z.base != nil {
+		p.base = z.base
+	}
+	p.hname = z.name
+	if role != roleBan {
+		p.policy = policyItem(z.name, l)
+		p.limitValue = l.Events
+		p.remainingValues = make([]any, min(l.Burst, 1024)+1)
+		for n := range p.remainingValues {
+			p.remainingValues[n] = int64(n)
+		}
+	}
+	var err error
+	if p.limiter, err = h.backend.OpenLimiter(p.spec); err != nil {
+		return nil, fmt.Errorf("storage: %w", err)
+	}
+	if role == roleRate && h.memory {
+		h.warnMemoryBound(p.spec)
+	}
+	p.mem, _ = p.limiter.(*memory.Store)
+	if p.onError == failLocal && p.mem == nil {
+		if role == roleRate {
+			h.warnMemoryBound(p.spec)
+		}
+		if p.local, err = h.mem.OpenLimiter(p.spec); err != nil {
+			return nil, fmt.Errorf("on_storage_error local: %w", err)
+		}
+		p.mem, _ = p.local.(*memory.Store)
+	}
+	return p, nil
+}
+
+// holdsSlot reports whether res holds a concurrency slot to give back
+// when the request ends.
+func (res *result) holdsSlot() bool {
+	return res.z.role == roleSlots && res.d.Allowed && !storage.Skipped(res.d)
+}
+
+// leaseRenewer is a limiter whose concurrency slots are leases: Redis.
+type leaseRenewer interface {
+	Renew(ctx context.Context, key string, now int64, taken algorithms.Decision) error
+}
+
+// slotHold is the concurrency slots an admitted request holds, renewed
+// while it runs where they are leases.
+type slotHold struct {
+	h     *Handler
+	slots []result      // copies: the request's results stay on its stack
+	done  chan struct{} // closed on release, when leases are renewed
+}
+
+// holdSlots starts renewing the leases of the slots results hold, and
+// returns what release gives back, or nil when they hold none.
+func (h *Handler) holdSlots(ctx context.Context, results []result) *slotHold {
+	var hold *slotHold
+	every := time.Duration(0)
+	for i := range results {
+		res := &results[i]
+		if !res.holdsSlot() {
+			continue
+		}
+		if hold == nil {
+			hold = &slotHold{h: h}
+		}
+		hold.slots = append(hold.slots, *res)
+		if _, ok := res.limiter.(leaseRenewer); ok {
+			lease := time.Duration(res.z.spec.Limit.Window) * time.Microsecond
+			if every == 0 || lease/3 < every {
+				every = lease / 3
+			}
+		}
+	}
+	if every > 0 {
+		hold.done = make(chan struct{})
+		go hold.renew(context.WithoutCancel(ctx), every)
+	}
+	return hold
+}
+
+// renew renews the held leases every interval until release.
+func (s *slotHold) renew(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		now := s.h.now()
+		for i := range s.slots {
+			res := &s.slots[i]
+			lr, ok := res.limiter.(leaseRenewer)
+			if !ok {
+				continue
+			}
+			if err := lr.Renew(ctx, res.key, now, res.d); err != nil {
+				s.h.logStoreError(res.z, fmt.Errorf("renewing a concurrency lease: %w", err))
+			}
+		}
+	}
+}
+
+// release gives back the slots, however the request ended: the handler
+// chain returned, failed, panicked, or the client went away.
+func (s *slotHold) release(ctx context.Context) {
+	if s.done != nil {
+		close(s.done)
+	}
+	ctx = context.WithoutCancel(ctx)
+	now := s.h.now()
+	for i := range s.slots {
+		res := &s.slots[i]
+		if err := res.limiter.Undo(ctx, res.key, now, algorithms.Milli, res.d); err != nil {
+			s.h.logStoreError(res.z, fmt.Errorf("giving back a concurrency slot: %w", err))
+		}
+	}
+}
