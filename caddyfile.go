@@ -226,7 +226,10 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			}
 			z.DryRun = true
 		case "concurrency":
-			z.Concurrency, err = intArg(d)
+			if z.Concurrency, err = intArg(d); err == nil && z.Concurrency <= 0 {
+				// 0 would read as no concurrency at all.
+				err = d.Errf("zone '%s': concurrency: must be greater than 0, got %d", name, z.Concurrency)
+			}
 		case "concurrency_lease":
 			z.ConcurrencyLease, err = durationArg(d)
 		case "ban":

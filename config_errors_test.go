@@ -73,6 +73,24 @@ func TestBadValuesFailAtAdapt(t *testing.T) {
 			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "storage": {"module": "file_system", "root": "/tmp"}`, `storage: "file_system" is a Caddy storage module`},
 		{"storage unknown", "zone z {\n\trate 5/s\n}\nstorage floppy # <-",
 			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "storage": {"module": "floppy"}`, `storage: unknown rate_limit storage "floppy": want memory (the default) or redis`},
+		{"concurrency 0", "zone z {\n\tconcurrency 0 # <-\n}",
+			`"rate_limits": {"z": {"concurrency": -1}}`, "concurrency: must be greater than 0, got "},
+		{"concurrency negative", "zone z {\n\trate 5/s\n\tconcurrency -2 # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "concurrency": -2}}`, "concurrency: must be greater than 0, got -2"},
+		{"concurrency_lease too short", "zone z {\n\tconcurrency 2\n\tconcurrency_lease 10ms # <-\n}",
+			`"rate_limits": {"z": {"concurrency": 2, "concurrency_lease": "10ms"}}`, "concurrency_lease: must be at least 1s, got 10ms"},
+		{"concurrency_lease alone", "zone z {\n\trate 5/s\n\tconcurrency_lease 10s # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "concurrency_lease": "10s"}}`, "concurrency_lease: only with concurrency, got concurrency_lease 10s"},
+		{"burst without a rate", "zone z {\n\tconcurrency 2\n\tburst 5 # <-\n}",
+			`"rate_limits": {"z": {"concurrency": 2, "burst": 5}}`, "burst: belongs to a rate, and the zone has only concurrency"},
+		{"ban without a rate", "zone z {\n\tconcurrency 2\n\tban 1m # <-\n}",
+			`"rate_limits": {"z": {"concurrency": 2, "ban": "1m"}}`, "ban: a ban counts the zone's rejections within its window, so it needs a rate"},
+		{"ban negative", "zone z {\n\trate 5/s\n\tban -1m # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "ban": "-1m"}}`, "ban: must be greater than 0, got -1m0s"},
+		{"ban_after alone", "zone z {\n\trate 5/s\n\tban_after 3 # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "ban_after": 3}}`, "ban_after: only with ban, got ban_after 3"},
+		{"ban_after negative", "zone z {\n\trate 5/s\n\tban 1m\n\tban_after -3 # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "ban": "1m", "ban_after": -3}}`, "ban_after: must be greater than 0, got -3"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -89,6 +107,9 @@ func TestBadValuesFailAtAdapt(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasSuffix(err.Error(), at) {
 					t.Errorf("adapt = %v, want an error containing %q and ending %q", err, c.want, at)
 				}
+			}
+			if c.json == "" {
+				return
 			}
 			cfg := `{"apps": {"http": {"servers": {"s": {"listen": [":8080"], "routes": [{"handle": [{"handler": "rate_limit", ` + c.json + `}]}]}}}}}`
 			if err := validateJSON([]byte(cfg)); err == nil || !strings.Contains(err.Error(), c.want) {

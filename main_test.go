@@ -12,6 +12,9 @@ import (
 // Caddy (another test run, or a developer's server) instead of starting
 // its own, and the tests would check someone else's state.
 func TestMain(m *testing.M) {
+	if path := os.Getenv(childEnv); path != "" {
+		runChildCaddy(path) // a Caddy instance for a test to kill
+	}
 	ln, err := net.Listen("tcp", "localhost:2999")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "tollgate tests: localhost:2999 (caddytest's admin port) is in use: %v\n"+

@@ -1,0 +1,523 @@
+package tollgate
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
+)
+
+// upstream is a backend that holds each request until released (or until
+// its client goes away), counting those it holds.
+type upstream struct {
+	*httptest.Server
+	held    atomic.Int64
+	maxHeld atomic.Int64
+	release chan struct{}
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{release: make(chan struct{})}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := u.held.Add(1)
+		defer u.held.Add(-1)
+		for {
+			m := u.maxHeld.Load()
+			if n <= m || u.maxHeld.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		if r.URL.Path == "/sleep" { // a short request, for the load tests
+			time.Sleep(20 * time.Millisecond)
+			return
+		}
+		w.Write([]byte("start\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-u.release:
+		case <-r.Context().Done():
+		case <-time.After(30 * time.Second):
+		}
+		w.Write([]byte("done\n"))
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// waitFor polls cond for up to 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// inFlight reads a key's requests in flight from the admin API.
+func inFlight(t *testing.T, zone, key string) int64 {
+	t.Helper()
+	var st keyState
+	if code := adminDo(t, "GET", "/rate_limit/zones/"+zone+"/keys/"+key, &st); code != 200 {
+		return 0 // a key the store no longer holds has none in flight
+	}
+	if st.InFlight == nil {
+		t.Fatalf("GET key: %+v has no in_flight", st)
+	}
+	return *st.InFlight
+}
+
+// startRequest sends a GET whose answer's first line it reads before
+// returning: the request is then in flight, held by the upstream. Cancel
+// ctx to leave in the middle of the response.
+func startRequest(t *testing.T, ctx context.Context, client *http.Client, url, key string) (status int, done <-chan struct{}) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req.Header.Set("X-Client", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	if resp.StatusCode != 200 {
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatalf("GET %s: reading the first line: %v", url, err)
+	}
+	ch := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		close(ch)
+	}()
+	return 200, ch
+}
+
+func concurrencySite(up, storage string) string {
+	return globalOptions + `
+	localhost:9080 {
+		rate_limit {
+			zone dl {
+				key {http.request.header.X-Client}
+				concurrency 2
+			}
+			zone shaped {
+				match {
+					path /shaped
+				}
+				key {http.request.header.X-Client}
+				algorithm leaky_bucket
+				rate 1/s
+				burst 1
+				max_delay 10s
+				concurrency 5
+			}
+			` + storage + `
+		}
+		handle /fast {
+			respond "ok"
+		}
+		handle /down {
+			reverse_proxy 127.0.0.1:1
+		}
+		handle {
+			reverse_proxy ` + strings.TrimPrefix(up, "http://") + `
+		}
+	}`
+}
+
+// TestConcurrencyThroughCaddy: at most two requests of a key in flight;
+// the third is rejected with Retry-After: 1 and the policy of
+// concurrent requests; another key is not limited; a slot comes back when
+// its request ends.
+func TestConcurrencyThroughCaddy(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := newUpstream(t)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(concurrencySite(up.URL, storage(t)), "caddyfile")
+			key := "cc-" + name
+			ctx := context.Background()
+			var dones []<-chan struct{}
+			for i := 0; i < 2; i++ {
+				status, done := startRequest(t, ctx, tester.Client, base+"/dl", key)
+				if status != 200 {
+					t.Fatalf("request %d: status %d, want 200", i+1, status)
+				}
+				dones = append(dones, done)
+			}
+			resp, _ := get(t, tester, "/fast", "X-Client: "+key)
+			check(t, "third", resp, "", want{429, map[string]string{
+				"Retry-After":      "1",
+				"RateLimit-Policy": `"dl";q=2;qu="concurrent-requests"`,
+				"RateLimit":        `"dl";r=0;t=1`,
+			}, ""})
+			resp, _ = get(t, tester, "/fast", "X-Client: other-"+key)
+			check(t, "another key", resp, "", want{200, map[string]string{"RateLimit": `"dl";r=1;t=1`}, ""})
+			if n := inFlight(t, "dl", key); n != 2 {
+				t.Errorf("in_flight %d, want 2", n)
+			}
+
+			up.release <- struct{}{} // one request ends
+			<-dones[0]
+			waitFor(t, "the slot back", func() bool { return inFlight(t, "dl", key) == 1 })
+			resp, _ = get(t, tester, "/fast", "X-Client: "+key)
+			check(t, "after one ended", resp, "", want{200, map[string]string{"RateLimit": `"dl";r=0;t=1`}, ""})
+			up.release <- struct{}{}
+			<-dones[1]
+			waitFor(t, "every slot back", func() bool { return inFlight(t, "dl", key) == 0 })
+		})
+	}
+}
+
+// TestConcurrencySlotsNeverLeak: slots come back however a request ends:
+// a client that leaves mid-response, a handler that fails (an upstream
+// that is down), a client that leaves while its request is delayed by a
+// shaping bucket of the same zone.
+func TestConcurrencySlotsNeverLeak(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := newUpstream(t)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(concurrencySite(up.URL, storage(t)), "caddyfile")
+			key := "leak-" + name
+
+			// Clients leaving mid-response, many times over.
+			for round := 0; round < 5; round++ {
+				var cancels []context.CancelFunc
+				var dones []<-chan struct{}
+				for i := 0; i < 2; i++ {
+					ctx, cancel := context.WithCancel(context.Background())
+					status, done := startRequest(t, ctx, tester.Client, base+"/dl", key)
+					if status != 200 {
+						t.Fatalf("round %d, request %d: status %d, want 200 (a slot leaked)", round, i+1, status)
+					}
+					cancels, dones = append(cancels, cancel), append(dones, done)
+				}
+				for i, cancel := range cancels {
+					cancel()
+					<-dones[i]
+				}
+				waitFor(t, "the slots of clients that left", func() bool { return inFlight(t, "dl", key) == 0 })
+			}
+			waitFor(t, "the upstream to see the clients leave", func() bool { return up.held.Load() == 0 })
+
+			// A failing handler: the upstream is down (502).
+			for i := 0; i < 4; i++ {
+				resp, _ := get(t, tester, "/down", "X-Client: "+key)
+				if resp.StatusCode != 502 {
+					t.Fatalf("down %d: status %d, want 502", i, resp.StatusCode)
+				}
+			}
+			if n := inFlight(t, "dl", key); n != 0 {
+				t.Errorf("after failing requests: in_flight %d, want 0", n)
+			}
+
+			// A shaped request whose client leaves while it is delayed:
+			// the first fills the bucket and is held; the second is
+			// delayed, and its client gives up.
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			status, done := startRequest(t, ctx, tester.Client, base+"/shaped", key)
+			if status != 200 {
+				t.Fatalf("shaped: status %d, want 200", status)
+			}
+			short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancelShort()
+			req, _ := http.NewRequestWithContext(short, http.MethodGet, base+"/shaped", nil)
+			req.Header.Set("X-Client", key)
+			if resp, err := tester.Client.Do(req); err == nil {
+				resp.Body.Close()
+				t.Fatalf("delayed request: status %d before its delay, want the client to give up", resp.StatusCode)
+			}
+			waitFor(t, "the delayed request's slots", func() bool {
+				return inFlight(t, "dl", key) == 1 && inFlight(t, "shaped", key) == 1
+			})
+			cancel()
+			<-done
+			waitFor(t, "every slot back", func() bool {
+				return inFlight(t, "dl", key) == 0 && inFlight(t, "shaped", key) == 0
+			})
+		})
+	}
+}
+
+// childEnv, when set, makes the test binary a Caddy that runs the
+// Caddyfile it names until killed (see TestMain): an instance a test can
+// kill, without building a binary.
+const childEnv = "TOLLGATE_TEST_CHILD_CADDYFILE"
+
+// runChildCaddy runs the Caddyfile at path and blocks.
+func runChildCaddy(path string) {
+	body, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	cfg, _, err := adapter.Adapt(body, map[string]any{"filename": path})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	select {}
+}
+
+// TestConcurrencyLeasesOfAKilledInstance: an instance (a child process)
+// holds both slots of a key in Redis, renewing their leases (2s) while
+// its requests run, so that after 3s another instance is still refused.
+// Killed with SIGKILL, it gives nothing back; its slots free once their
+// leases end, within about one lease.
+func TestConcurrencyLeasesOfAKilledInstance(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	zone := `
+		rate_limit {
+			zone dl {
+				key {http.request.header.X-Client}
+				concurrency 2
+				concurrency_lease 2s
+			}
+			storage redis {
+				addresses ` + srv.Addr + `
+			}
+		}
+		reverse_proxy ` + strings.TrimPrefix(up.URL, "http://")
+	port := redistest.FreePort(t)
+	dir := t.TempDir()
+	cfg := fmt.Sprintf("{\n\tadmin off\n\thttp_port %d\n\tauto_https off\n\tskip_install_trust\n}\nhttp://127.0.0.1:%d {%s\n}\n", port, port, zone)
+	path := dir + "/Caddyfile"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable() // the test binary; os.Args[0] is "caddy" here
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command(self, "-test.run=^$")
+	child.Env = append(os.Environ(), childEnv+"="+path, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	child.Stdout, child.Stderr = os.Stderr, os.Stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	childURL := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	waitFor(t, "the child Caddy", func() bool {
+		resp, err := http.Get(childURL + "ping")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	})
+	// The probe took and gave back a slot of the empty key; now hold two.
+	for i := 0; i < 2; i++ {
+		if status, _ := startRequest(t, context.Background(), http.DefaultClient, childURL, "victim"); status != 200 {
+			t.Fatalf("child request %d: status %d", i, status)
+		}
+	}
+
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+"\n\tlocalhost:9080 {"+zone+"\n\t}", "caddyfile")
+	time.Sleep(3 * time.Second) // longer than a lease: only renewals keep the slots
+	resp, _ := get(t, tester, "/", "X-Client: victim")
+	check(t, "while the child holds both slots", resp, "", want{429, map[string]string{"Retry-After": "1"}, ""})
+
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	_ = child.Wait()
+	resp, _ = get(t, tester, "/fast-probe-not-held", "X-Client: victim")
+	check(t, "just after the kill", resp, "", want{429, nil, ""})
+	// Once admitted, the in-process request is held by the upstream:
+	// release it when it arrives.
+	go func() {
+		for {
+			select {
+			case up.release <- struct{}{}:
+			case <-time.After(20 * time.Second):
+				return
+			}
+		}
+	}()
+	for {
+		resp, _ := get(t, tester, "/", "X-Client: victim")
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Since(killed) > 5*time.Second {
+			t.Fatalf("slots of the killed instance still held %s after the kill (lease 2s)", time.Since(killed))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	took := time.Since(killed)
+	t.Logf("the killed instance's slots freed %s after the kill (lease 2s)", took.Round(time.Millisecond))
+	if took > 3500*time.Millisecond {
+		t.Errorf("slots freed %s after the kill, want within the 2s lease (and some slack)", took)
+	}
+}
+
+// guardInstances is three servers (9081-9083), each its own handler and
+// Redis client: a zone of 3 concurrent requests per key in front of the
+// upstream, and a login zone of 5/min with a 1-minute ban.
+func guardInstances(up, storage string) string {
+	cfg := globalOptions
+	for i := 1; i <= 3; i++ {
+		cfg += fmt.Sprintf(`
+	http://localhost:908%d {
+		rate_limit {
+			zone slots {
+				match {
+					path /sleep
+				}
+				key {http.request.header.X-Client}
+				concurrency 3
+			}
+			zone login {
+				match {
+					path /login
+				}
+				key {http.request.header.X-Client}
+				rate 5/m
+				ban 1m
+			}
+			storage redis {
+				%s
+				pool_size %d
+				timeout 1s
+			}
+		}
+		handle /login {
+			respond "ok"
+		}
+		reverse_proxy %s
+	}`, i, storage, 16+i, strings.TrimPrefix(up, "http://"))
+	}
+	return cfg
+}
+
+// TestGuardsExactAcrossThreeInstances: on one Redis, and on a Cluster,
+// three instances never have more than 3 requests of a key in flight at
+// the upstream together, and a ban started on one refuses the key on all.
+func TestGuardsExactAcrossThreeInstances(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		storage func(t *testing.T) string
+	}{
+		{"redis", func(t *testing.T) string { return "addresses " + redistest.Start(t).Addr }},
+		{"cluster", func(t *testing.T) string {
+			return "addresses " + strings.Join(redistest.StartCluster(t, 3).Addrs, " ")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up := newUpstream(t)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(guardInstances(up.URL, c.storage(t)), "caddyfile")
+
+			var admitted, rejected, other atomic.Int64
+			stop := time.Now().Add(2 * time.Second)
+			done := make(chan struct{})
+			for w := 0; w < 24; w++ {
+				go func(w int) {
+					defer func() { done <- struct{}{} }()
+					for time.Now().Before(stop) {
+						req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:908%d/sleep", 1+w%3), nil)
+						req.Header.Set("X-Client", "crowd-"+c.name)
+						resp, err := tester.Client.Do(req)
+						if err != nil {
+							other.Add(1)
+							continue
+						}
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						switch resp.StatusCode {
+						case 200:
+							admitted.Add(1)
+						case 429:
+							rejected.Add(1)
+						default:
+							other.Add(1)
+						}
+					}
+				}(w)
+			}
+			for w := 0; w < 24; w++ {
+				<-done
+			}
+			t.Logf("admitted %d, rejected %d; at most %d in flight at the upstream", admitted.Load(), rejected.Load(), up.maxHeld.Load())
+			if m := up.maxHeld.Load(); m > 3 {
+				t.Errorf("%d requests of one key in flight at once across the instances, want at most 3", m)
+			}
+			if admitted.Load() < 50 || rejected.Load() == 0 || other.Load() != 0 {
+				t.Errorf("admitted %d, rejected %d, other %d: want plenty admitted, some rejected, no errors", admitted.Load(), rejected.Load(), other.Load())
+			}
+
+			statuses := ""
+			for i := 0; i < 9; i++ {
+				req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:908%d/login", 1+i%3), nil)
+				req.Header.Set("X-Client", "intruder-"+c.name)
+				resp, err := tester.Client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				statuses += fmt.Sprint(resp.StatusCode, " ")
+				if ra, _ := strconv.Atoi(resp.Header.Get("Retry-After")); i >= 5 && ra < 50 {
+					t.Errorf("request %d on instance %d: Retry-After %q, want the ban's (about 60)", i, 1+i%3, resp.Header.Get("Retry-After"))
+				}
+			}
+			if statuses != "200 200 200 200 200 429 429 429 429 " {
+				t.Errorf("login statuses %s, want 5 admitted, then banned on every instance", statuses)
+			}
+		})
+	}
+}
+
+// TestConcurrencyJSON: concurrency and concurrency_lease in a JSON config.
+func TestConcurrencyJSON(t *testing.T) {
+	up := newUpstream(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(`{
+		"admin": {"listen": "localhost:2999"},
+		"apps": {"http": {"http_port": 9080, "servers": {"srv0": {
+			"listen": [":9080"],
+			"automatic_https": {"disable": true},
+			"routes": [{"handle": [
+				{"handler": "rate_limit",
+				 "rate_limits": {"jc": {"key": "{http.request.header.X-Client}", "concurrency": 1, "concurrency_lease": "5s"}}},
+				{"handler": "reverse_proxy", "upstreams": [{"dial": "`+strings.TrimPrefix(up.URL, "http://")+`"}]}
+			]}]
+		}}}}
+	}`, "json")
+	status, done := startRequest(t, context.Background(), tester.Client, base+"/", "json")
+	if status != 200 {
+		t.Fatalf("first: status %d", status)
+	}
+	resp, _ := get(t, tester, "/", "X-Client: json")
+	check(t, "second while the first runs", resp, "", want{429, map[string]string{"Retry-After": "1", "RateLimit-Policy": `"jc";q=1;qu="concurrent-requests"`}, ""})
+	up.release <- struct{}{}
+	<-done
+	waitFor(t, "the slot back", func() bool { return inFlight(t, "jc", "json") == 0 })
+}
