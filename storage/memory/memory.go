@@ -143,6 +143,9 @@ func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algor
 	sh.mu.Lock()
 	if e := sh.lookup(key); e != nil {
 		s.limit.Undo(&e.state, now, cost, taken)
+		if s.limit.Kind == algorithms.Concurrency && e.state.Level == 0 {
+			s.remove(sh, e)
+		}
 	}
 	sh.mu.Unlock()
 	return nil
@@ -212,7 +215,10 @@ func (s *Store) insert(sh *shard, key string, now int64) (e, victim *entry) {
 	s.lru.mu.Lock()
 	s.lru.pushFront(e)
 	s.lru.n++
-	if s.lru.n > s.maxKeys {
+	// A concurrency store holds only the keys with requests in flight
+	// (Undo forgets a key whose last one ends): bounded by the requests
+	// the server runs at once, and evicting one would free its slots.
+	if s.lru.n > s.maxKeys && s.limit.Kind != algorithms.Concurrency {
 		victim = s.lru.tail
 		s.lru.unlink(victim)
 		victim.evicted.Store(true)

@@ -211,7 +211,7 @@ func checkConsistent(t *testing.T, s *Store) {
 	for e := s.lru.head; e != nil; e = e.next {
 		listed++
 	}
-	if int64(live) != s.lru.n || int64(listed) != s.lru.n || s.Len() != live || int64(live) > s.maxKeys {
+	if int64(live) != s.lru.n || int64(listed) != s.lru.n || s.Len() != live || (int64(live) > s.maxKeys && s.limit.Kind != algorithms.Concurrency) {
 		t.Fatalf("inconsistent: %d live in maps, %d listed, n %d, Len %d, max %d", live, listed, s.lru.n, s.Len(), s.maxKeys)
 	}
 }
@@ -397,4 +397,45 @@ func BenchmarkBytesPerKey(b *testing.B) {
 			b.ReportMetric(perKey, "bytes/key")
 		})
 	}
+}
+
+// TestConcurrencyKeysAreNeverEvicted: a flood of other keys through a
+// small max_keys must not evict a key's slots in flight (that would free
+// them: more requests in flight than the limit), and a key whose last
+// request ends is forgotten at once.
+func TestConcurrencyKeysAreNeverEvicted(t *testing.T) {
+	l, err := algorithms.NewConcurrency(2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(storage.Zone{Name: "cc", Limit: l, MaxKeys: 4})
+	ctx := context.Background()
+	var held []algorithms.Decision
+	for i := 0; i < 2; i++ {
+		d, _ := s.Take(ctx, "victim", 0, algorithms.Milli)
+		held = append(held, d)
+	}
+	for i := 0; i < 100; i++ {
+		key := fmt.Sprint("flood-", i)
+		d, _ := s.Take(ctx, key, 0, algorithms.Milli)
+		if !d.Allowed {
+			t.Fatalf("flood key %d rejected", i)
+		}
+		if i%2 == 0 {
+			_ = s.Undo(ctx, key, 0, algorithms.Milli, d)
+		}
+	}
+	if d, _ := s.Take(ctx, "victim", 0, algorithms.Milli); d.Allowed {
+		t.Fatal("a third request of the victim admitted after a flood of other keys: its slots were evicted")
+	}
+	if n := s.Len(); n != 51 {
+		t.Errorf("Len %d, want 51: the victim and the 50 flood keys still in flight", n)
+	}
+	for _, d := range held {
+		_ = s.Undo(ctx, "victim", 0, algorithms.Milli, d)
+	}
+	if n := s.Len(); n != 50 {
+		t.Errorf("Len %d after the victim's requests ended, want 50", n)
+	}
+	checkConsistent(t, s)
 }
