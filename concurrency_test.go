@@ -17,7 +17,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
@@ -138,6 +140,9 @@ func concurrencySite(up, storage string) string {
 		handle /down {
 			reverse_proxy 127.0.0.1:1
 		}
+		handle /abort {
+			tollgate_test_abort
+		}
 		handle {
 			reverse_proxy ` + strings.TrimPrefix(up, "http://") + `
 		}
@@ -230,6 +235,19 @@ func TestConcurrencySlotsNeverLeak(t *testing.T) {
 			if n := inFlight(t, "dl", key); n != 0 {
 				t.Errorf("after failing requests: in_flight %d, want 0", n)
 			}
+			// A handler that panics (as reverse_proxy does with
+			// http.ErrAbortHandler to abort a response).
+			for i := 0; i < 4; i++ {
+				req, _ := http.NewRequest(http.MethodGet, base+"/abort", nil)
+				req.Header.Set("X-Client", key)
+				if resp, err := tester.Client.Do(req); err == nil {
+					resp.Body.Close()
+					t.Fatalf("abort %d: status %d, want the connection aborted", i, resp.StatusCode)
+				}
+			}
+			if n := inFlight(t, "dl", key); n != 0 {
+				t.Errorf("after panicking handlers: in_flight %d, want 0", n)
+			}
 
 			// A shaped request whose client leaves while it is delayed:
 			// the first fills the bucket and is held; the second is
@@ -258,6 +276,29 @@ func TestConcurrencySlotsNeverLeak(t *testing.T) {
 			})
 		})
 	}
+}
+
+func init() {
+	caddy.RegisterModule(abortHandler{})
+	httpcaddyfile.RegisterHandlerDirective("tollgate_test_abort", func(httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		return abortHandler{}, nil
+	})
+	httpcaddyfile.RegisterDirectiveOrder("tollgate_test_abort", httpcaddyfile.Before, "respond")
+}
+
+// abortHandler is a test-only handler that panics with
+// http.ErrAbortHandler, as reverse_proxy does to abort a response.
+type abortHandler struct{}
+
+func (abortHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.tollgate_test_abort",
+		New: func() caddy.Module { return abortHandler{} },
+	}
+}
+
+func (abortHandler) ServeHTTP(http.ResponseWriter, *http.Request, caddyhttp.Handler) error {
+	panic(http.ErrAbortHandler)
 }
 
 // childEnv, when set, makes the test binary a Caddy that runs the
