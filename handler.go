@@ -137,6 +137,16 @@ func (h *Handler) decide(r *http.Request, results []result, now int64) (rejected
 		rejected, err = takeEach(r.Context(), now, results)
 	}
 	h.storeDone(start)
+	if !h.bans && !h.slots { // every zone is one part
+		for i := range results {
+			o := outcomeAllowed
+			if !results[i].d.Allowed {
+				o = outcomeRejected
+			}
+			results[i].z.metrics.count(o, err)
+		}
+		return rejected, err
+	}
 	forZones(results, func(parts []result) {
 		parts[0].z.base.metrics.count(zoneResult(parts), err)
 	})
