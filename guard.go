@@ -86,6 +86,7 @@ func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit) (*zone, e
 		matchers:     z.matchers,
 		key:          z.key,
 		clientIP:     z.clientIP,
+		header:       z.header,
 		v4bits:       z.v4bits,
 		v6bits:       z.v6bits,
 		costTemplate: z.costTemplate,

@@ -1,6 +1,7 @@
 package tollgate
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/caddyserver/caddy/v2"
@@ -90,6 +91,18 @@ func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // (zone.mem, which every zone passed here has) and returns the index of the
 // first rejecting zone that is not a dry run, or -1.
 func takeMemory(now int64, results []result) int {
+	if len(results) == 1 {
+		// One zone, one part: no arrays for TakeAll on the stack (a
+		// request's goroutine runs deep in Caddy's handler chain, and a
+		// larger frame can make its stack grow).
+		res := &results[0]
+		res.d, _ = res.z.mem.Take(context.Background(), res.key, now, res.cost)
+		res.limiter = res.z.mem
+		if !res.d.Allowed && !res.z.dryRun {
+			return 0
+		}
+		return -1
+	}
 	var rbuf [inlineZones]memory.Request
 	var dbuf [inlineZones]algorithms.Decision
 	reqs, ds := rbuf[:0], dbuf[:]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"time"
@@ -159,6 +160,7 @@ type zone struct {
 	matchers caddyhttp.MatcherSets
 	key      string // template
 	clientIP bool   // key is exactly the client IP: read it without the replacer
+	header   string // key is exactly one request header, this one (canonical): read it without the replacer
 	v4bits   int
 	v6bits   int
 
@@ -346,6 +348,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		name:         name,
 		key:          s.key,
 		clientIP:     s.key == defaultKey,
+		header:       headerKey(s.key),
 		v4bits:       s.v4bits,
 		v6bits:       s.v6bits,
 		costTemplate: s.costTemplate,
@@ -438,12 +441,32 @@ func (z *zone) sweep(now int64) {
 // IP prefixes when it is an IP address, and bounded in size.
 func (z *zone) resolveKey(r *http.Request, repl *caddy.Replacer) string {
 	var key string
-	if z.clientIP {
+	switch {
+	case z.clientIP:
 		key, _ = caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
-	} else {
+	case z.header != "":
+		// What the replacer makes of {http.request.header.<name>}, without
+		// scanning the template or allocating for a header given once.
+		key = strings.Join(r.Header[z.header], ",")
+	default:
 		key = repl.ReplaceAll(z.key, "")
 	}
 	return z.storedKey(key)
+}
+
+// headerKey returns the canonical name of the request header a key
+// template is exactly, such as "{http.request.header.X-API-Key}" (the
+// Caddyfile's {header.X-API-Key}), or "".
+func headerKey(template string) string {
+	name, ok := strings.CutPrefix(template, "{http.request.header.")
+	if !ok {
+		return ""
+	}
+	name, ok = strings.CutSuffix(name, "}")
+	if !ok || name == "" || strings.ContainsAny(name, "{}:") {
+		return "" // not one placeholder, or one with a default value
+	}
+	return textproto.CanonicalMIMEHeaderKey(name)
 }
 
 // storedKey is the key a zone stores for a resolved key: grouped by the
