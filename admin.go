@@ -106,6 +106,28 @@ type zoneInfo struct {
 	Storage   string  `json:"storage"`
 	DryRun    bool    `json:"dry_run"`
 	Keys      *int    `json:"keys"` // null for a store that keeps no count
+
+	Concurrency      int64   `json:"concurrency,omitempty"`
+	ConcurrencyLease float64 `json:"concurrency_lease,omitempty"` // seconds
+	Ban              float64 `json:"ban,omitempty"`               // seconds
+	BanAfter         int64   `json:"ban_after,omitempty"`
+}
+
+// guardInfo fills in info the zone's concurrency and ban, and for a zone
+// with only concurrency clears the rate's fields.
+func guardInfo(info *zoneInfo, z *zone) {
+	for _, p := range z.parts {
+		l := p.spec.Limit
+		switch p.role {
+		case roleSlots:
+			info.Concurrency, info.ConcurrencyLease = l.Events, float64(l.Window)/microsPerSecond
+			if p == z {
+				info.Algorithm, info.Events, info.Window, info.Burst = "", 0, 0, 0
+			}
+		case roleBan:
+			info.Ban, info.BanAfter = float64(l.Hold)/microsPerSecond, l.Events
+		}
+	}
 }
 
 // listZones describes the live zones, sorted by name. Zones with the same
@@ -116,6 +138,7 @@ func listZones() []zoneInfo {
 		spec    storage.Zone
 		backend string
 		dryRun  bool
+		guards  string // the other parts' limits
 	}
 	var (
 		out     = []zoneInfo{}
@@ -123,7 +146,12 @@ func listZones() []zoneInfo {
 		members [][]liveZone
 	)
 	for _, lz := range liveZones() {
-		g := group{lz.z.spec, lz.backend, lz.z.dryRun}
+		g := group{lz.z.spec, lz.backend, lz.z.dryRun, ""}
+		for _, p := range lz.z.parts {
+			if p != lz.z {
+				g.guards += fmt.Sprintf("%d:%+v;", p.role, p.spec.Limit)
+			}
+		}
 		i := 0
 		for i < len(groups) && groups[i] != g {
 			i++
@@ -145,6 +173,7 @@ func listZones() []zoneInfo {
 			Storage:   g.backend,
 			DryRun:    g.dryRun,
 		}
+		guardInfo(&info, members[i][0].z)
 		if stores := distinctStores(nil, members[i]...); len(stores) > 0 {
 			n := 0
 			for _, s := range stores {

@@ -141,3 +141,36 @@ func TestBanEventAndJSON(t *testing.T) {
 		t.Errorf("banned event data %v, want zone jb, wait 5400", evs[0].data)
 	}
 }
+
+// TestZoneListShowsGuards: the admin API's zone list gives a zone's
+// concurrency and ban.
+func TestZoneListShowsGuards(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone both {
+				rate 5/m
+				ban 90s
+				ban_after 3
+				concurrency 4
+			}
+			zone slots_only {
+				concurrency 2
+				concurrency_lease 10s
+			}
+		}
+		respond "ok"
+	}`, "caddyfile")
+	var zones []map[string]any
+	if code := adminDo(t, "GET", "/rate_limit/zones", &zones); code != 200 || len(zones) != 2 {
+		t.Fatalf("GET zones: %d %v", code, zones)
+	}
+	both, only := zones[0], zones[1]
+	if both["events"] != 5.0 || both["concurrency"] != 4.0 || both["concurrency_lease"] != 30.0 || both["ban"] != 90.0 || both["ban_after"] != 3.0 {
+		t.Errorf("zone both: %v", both)
+	}
+	if only["algorithm"] != "" || only["events"] != 0.0 || only["concurrency"] != 2.0 || only["concurrency_lease"] != 10.0 || only["ban"] != nil {
+		t.Errorf("zone slots_only: %v", only)
+	}
+}
