@@ -27,6 +27,9 @@ func init() {
 //	GET    /rate_limit/zones/<zone>/bans/<key>  the same as keys/<key>, in a zone with a ban
 //	DELETE /rate_limit/zones/<zone>/bans/<key>  lift the key's ban (and forget its strikes), leaving its rate state
 //
+// In a zone with tiers, ?tier=<value> shows or resets the key's state in
+// that tier; DELETE without it resets the key in every tier.
+//
 // <key> is the resolved key, URL-path-escaped (a "/" in a key is %2F); an
 // IP address is grouped by the zone's ipv4_prefix/ipv6_prefix and a long
 // key hashed, as the handler does, so the client's IP or the raw header
@@ -111,6 +114,17 @@ type zoneInfo struct {
 	ConcurrencyLease float64 `json:"concurrency_lease,omitempty"` // seconds
 	Ban              float64 `json:"ban,omitempty"`               // seconds
 	BanAfter         int64   `json:"ban_after,omitempty"`
+
+	TierKey string              `json:"tier_key,omitempty"`
+	Tiers   map[string]tierInfo `json:"tiers,omitempty"`
+}
+
+// tierInfo is one tier's limit in GET /rate_limit/zones.
+type tierInfo struct {
+	Events    int64   `json:"events,omitempty"`
+	Window    float64 `json:"window,omitempty"` // seconds
+	Burst     int64   `json:"burst,omitempty"`
+	Unlimited bool    `json:"unlimited,omitempty"`
 }
 
 // guardInfo fills in info the zone's concurrency and ban, and for a zone
@@ -126,6 +140,17 @@ func guardInfo(info *zoneInfo, z *zone) {
 			}
 		case roleBan:
 			info.Ban, info.BanAfter = float64(l.Hold)/microsPerSecond, l.Events
+		}
+	}
+	if z.tiers != nil {
+		info.TierKey, info.Tiers = z.tierKey, make(map[string]tierInfo, len(z.tiers))
+		for value, t := range z.tiers {
+			if t == nil {
+				info.Tiers[value] = tierInfo{Unlimited: true}
+				continue
+			}
+			l := t.spec.Limit
+			info.Tiers[value] = tierInfo{Events: l.Events, Window: float64(l.Window) / microsPerSecond, Burst: l.Burst}
 		}
 	}
 }
@@ -147,9 +172,14 @@ func listZones() []zoneInfo {
 	)
 	for _, lz := range liveZones() {
 		g := group{lz.z.spec, lz.backend, lz.z.dryRun, ""}
-		for _, p := range lz.z.parts {
+		for _, p := range lz.z.all {
 			if p != lz.z {
-				g.guards += fmt.Sprintf("%d:%+v;", p.role, p.spec.Limit)
+				g.guards += fmt.Sprintf("%d:%s:%+v;", p.role, p.tier, p.spec.Limit)
+			}
+		}
+		for _, v := range sortedTiers(lz.z.tiers) {
+			if lz.z.tiers[v] == nil {
+				g.guards += v + ":unlimited;"
 			}
 		}
 		i := 0
@@ -221,6 +251,8 @@ type keyState struct {
 	// InFlight is the key's requests in flight, in a zone with
 	// concurrency.
 	InFlight *int64 `json:"in_flight,omitempty"`
+	// Tier is the tier whose state this is (?tier=), in a zone with tiers.
+	Tier string `json:"tier,omitempty"`
 }
 
 // banState is a key's ban in GET /rate_limit/zones/<zone>/keys/<key> and
@@ -231,12 +263,36 @@ type banState struct {
 	StrikesLeft int64   `json:"strikes_left"` // rejections the key may still get in this window before a ban
 }
 
+// tierOf returns the rate part of z that ?tier= names in r (z itself
+// without one), or an API error.
+func tierOf(r *http.Request, z *zone) (*zone, error) {
+	tier, ok := r.URL.Query()["tier"]
+	if !ok {
+		return z, nil
+	}
+	t, listed := z.tiers[tier[0]]
+	switch {
+	case !listed:
+		return nil, notFound("zone %q has no tier %q", z.name, tier[0])
+	case t == nil:
+		return nil, notFound("zone %q: tier %q is unlimited and keeps no state", z.name, tier[0])
+	}
+	return t, nil
+}
+
 func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) error {
 	for _, lz := range zs {
+		rate, err := tierOf(r, lz.z)
+		if err != nil {
+			return err
+		}
 		stored := lz.z.storedKey(key)
 		var st keyState
 		held := false
 		for _, p := range lz.z.parts {
+			if p == lz.z {
+				p = rate
+			}
 			d, ok, err := p.limiter.Peek(r.Context(), stored, lz.now())
 			if err != nil {
 				return storeUnavailable(lz.z.name, err)
@@ -257,13 +313,13 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 				}
 				st.InFlight = &n
 			}
-			if p == lz.z {
+			if p == rate {
 				st.Allowed, st.Remaining = d.Allowed, d.Remaining
 				st.Reset, st.Wait = float64(d.Reset)/microsPerSecond, float64(d.Wait)/microsPerSecond
 			}
 		}
 		if held {
-			st.Zone, st.Key = lz.z.name, stored
+			st.Zone, st.Key, st.Tier = lz.z.name, stored, rate.tier
 			return writeJSON(w, st)
 		}
 	}
@@ -277,7 +333,15 @@ func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string,
 	stored := ""
 	for _, lz := range zs {
 		stored = lz.z.storedKey(key)
-		for _, p := range lz.z.parts {
+		parts := lz.z.all // every part, every tier
+		if _, ok := r.URL.Query()["tier"]; ok {
+			rate, err := tierOf(r, lz.z)
+			if err != nil {
+				return err
+			}
+			parts = []*zone{rate}
+		}
+		for _, p := range parts {
 			if banOnly && p.role != roleBan {
 				continue
 			}

@@ -49,6 +49,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			concurrency_lease <duration>     # Redis: a dead instance's slots free within this; default 30s
 //			ban          <duration>          # refuse a key this long once the zone rejected it ban_after times in a window
 //			ban_after    <n>                 # default 1
+//			tier <template> {                # the limit per value of template; others get the zone's
+//				<value> <rate> [burst <n>] | unlimited
+//			}
 //		}
 //		storage memory|redis [{ ... }]
 //		headers ietf|ietf-draft-03|x-ratelimit|none ...
@@ -236,6 +239,8 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			z.Ban, err = durationArg(d)
 		case "ban_after":
 			z.BanAfter, err = intArg(d)
+		case "tier":
+			err = unmarshalTiers(d, name, z, at)
 		default:
 			return d.Errf("zone '%s': unrecognized subdirective '%s'", name, opt)
 		}
@@ -256,6 +261,9 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 	if rate {
 		at["events"], at["window"] = at["rate"], at["rate"]
 	}
+	if tok, ok := at["tier"]; ok {
+		at["tiers"], at["tier_key"] = tok, tok
+	}
 	if err := z.validate(); err != nil {
 		return errAt(tokenFor(err, at, zoneTok), fmt.Errorf("zone '%s': %w", name, err))
 	}
@@ -274,6 +282,56 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		h.ZoneOrder = append(h.ZoneOrder, name)
 	}
 	return nil
+}
+
+// unmarshalTiers parses `tier <template> { <value> <rate> [burst <n>] |
+// unlimited ... }`, noting where each value is written in at (as `tiers
+// "<value>"`, the start of its errors).
+func unmarshalTiers(d *caddyfile.Dispenser, name string, z *Zone, at map[string]caddyfile.Token) error {
+	tmpl, err := stringArg(d)
+	if err != nil {
+		return err
+	}
+	z.TierKey = tmpl
+	z.Tiers = map[string]*Tier{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		value := d.Val()
+		if _, dup := z.Tiers[value]; dup {
+			return d.Errf("zone '%s': tier value '%s' given twice", name, value)
+		}
+		at[fmt.Sprintf("tiers %q", value)] = d.Token()
+		t, err := parseTier(d.RemainingArgs())
+		if err != nil {
+			return d.Errf("zone '%s': tiers %q: %v", name, value, err)
+		}
+		z.Tiers[value] = t
+	}
+	if len(z.Tiers) == 0 {
+		return d.Errf("zone '%s': tier: needs a block of values, each with a rate (and burst) or unlimited", name)
+	}
+	return nil
+}
+
+// parseTier parses a tier line's arguments: <rate> [burst <n>], or
+// unlimited.
+func parseTier(args []string) (*Tier, error) {
+	switch {
+	case len(args) == 1 && args[0] == "unlimited":
+		return &Tier{Unlimited: true}, nil
+	case len(args) == 1 || (len(args) == 3 && args[1] == "burst"):
+		events, window, err := ParseRate(args[0])
+		if err != nil {
+			return nil, fmt.Errorf("rate: %v", err)
+		}
+		t := &Tier{Events: events, Window: caddy.Duration(window)}
+		if len(args) == 3 {
+			if t.Burst, err = strconv.ParseInt(args[2], 10, 64); err != nil {
+				return nil, fmt.Errorf("burst: want a whole number, got %q", args[2])
+			}
+		}
+		return t, nil
+	}
+	return nil, fmt.Errorf("want <rate> [burst <n>] or unlimited, got %q", strings.Join(args, " "))
 }
 
 // tokenFor returns where the field an error is about is written: the

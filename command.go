@@ -22,6 +22,7 @@ and prints what it answers, as JSON.
 
   zones               the live zones and their key counts
   show <zone> <key>   one key's state: allowed, remaining, reset, wait
+                      (--tier <value>: its state in that tier)
   reset <zone> <key>  reset the key: its next request finds a fresh state
   unban <zone> <key>  lift the key's ban (in a zone with ban), leaving its rate
 
@@ -37,6 +38,7 @@ that cannot answer, is an error, with the API's answer.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.PersistentFlags().String("address", "", "The address of Caddy's admin API, if not the default")
+			cmd.PersistentFlags().String("tier", "", "In a zone with tiers, the tier whose state to show or reset (reset: every tier without it)")
 			for _, sub := range []struct {
 				use, short string
 				method     string
@@ -57,7 +59,11 @@ that cannot answer, is an error, with the API's answer.
 						if err != nil {
 							return err
 						}
-						return rateLimitRequest(cmd.OutOrStdout(), address, sub.method, sub.path, args)
+						tier, err := cmd.Flags().GetString("tier")
+						if err != nil {
+							return err
+						}
+						return rateLimitRequest(cmd.OutOrStdout(), address, sub.method, sub.path, tier, args)
 					},
 				})
 			}
@@ -69,7 +75,7 @@ that cannot answer, is an error, with the API's answer.
 // API at address (Caddy's default when empty) and copies the answer to w:
 // GET /rate_limit/zones without args, the key's endpoint with a zone and
 // a key. An answer other than 2xx is an error that quotes it.
-func rateLimitRequest(w io.Writer, address, method, path string, args []string) error {
+func rateLimitRequest(w io.Writer, address, method, path, tier string, args []string) error {
 	address, err := caddycmd.DetermineAdminAPIAddress(address, nil, "", "")
 	if err != nil {
 		return fmt.Errorf("determining the admin API address: %w", err)
@@ -77,6 +83,9 @@ func rateLimitRequest(w io.Writer, address, method, path string, args []string) 
 	uri := adminPrefix + "zones"
 	if len(args) == 2 {
 		uri = keyURI(args[0], path, args[1])
+		if tier != "" {
+			uri += "?tier=" + url.QueryEscape(tier)
+		}
 	}
 	resp, err := caddycmd.AdminAPIRequest(address, method, uri, nil, nil)
 	if err != nil {

@@ -76,13 +76,13 @@ func (zc *Zone) rateOnly() error {
 }
 
 // openPart opens a part of zone z (whose shared fields are set) for limit
-// l: its own store state, and a memory fallback for on_storage_error
-// local.
-func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit) (*zone, error) {
+// l: its own store state (under storeName: the zone's name, or a tier's),
+// and a memory fallback for on_storage_error local.
+func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit, storeName string) (*zone, error) {
 	p := &zone{
 		name:         z.name,
 		role:         role,
-		spec:         storage.Zone{Name: z.name, Limit: l, MaxKeys: h.MaxKeys},
+		spec:         storage.Zone{Name: storeName, Limit: l, MaxKeys: h.MaxKeys},
 		matchers:     z.matchers,
 		key:          z.key,
 		clientIP:     z.clientIP,

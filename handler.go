@@ -76,12 +76,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
+		rate := z
+		if z.tiers != nil {
+			var ok bool
+			if rate, ok = z.tierFor(r, repl); !ok {
+				continue // an unlimited tier
+			}
+		}
 		key := z.resolveKey(r, repl)
 		if len(z.parts) == 1 {
-			results = append(results, result{z: z, key: key, cost: z.resolveCost(repl)})
+			results = append(results, result{z: rate, key: key, cost: z.resolveCost(repl)})
 			continue
 		}
-		results = appendParts(results, z, key, repl)
+		results = appendParts(results, z, rate, key, repl)
 	}
 	if len(results) == 0 {
 		return next.ServeHTTP(w, r)
@@ -106,8 +113,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // appendParts appends a zone's parts to a request's results: its ban
 // first, to which the others' rejections count as strikes, then its rate
-// and its concurrency slot (one request each, whatever its cost).
-func appendParts(results []result, z *zone, key string, repl *caddy.Replacer) []result {
+// (rate: the request's tier) and its concurrency slot (one request each,
+// whatever its cost).
+func appendParts(results []result, z, rate *zone, key string, repl *caddy.Replacer) []result {
 	strike := 0
 	for _, p := range z.parts {
 		res := result{z: p, key: key, cost: algorithms.Milli, strike: strike}
@@ -116,7 +124,7 @@ func appendParts(results []result, z *zone, key string, repl *caddy.Replacer) []
 			strike = len(results) + 1
 			res.strike = 0
 		case roleRate:
-			res.cost = z.resolveCost(repl)
+			res.z, res.cost = rate, z.resolveCost(repl)
 		}
 		results = append(results, res)
 	}
@@ -143,7 +151,7 @@ func (h *Handler) decide(r *http.Request, results []result, now int64) (rejected
 			if !results[i].d.Allowed {
 				o = outcomeRejected
 			}
-			results[i].z.metrics.count(o, err)
+			results[i].z.base.metrics.count(o, err)
 		}
 		return rejected, err
 	}

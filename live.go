@@ -94,18 +94,23 @@ type evictionCounter interface{ Evictions() int64 }
 // zone with the same name and limit (across handlers and reloads), so it
 // must be counted once.
 func distinctStores(seen []storage.Limiter, zs ...liveZone) []storage.Limiter {
-next:
 	for _, lz := range zs {
-		l := lz.z.limiter
-		if _, ok := l.(keyCounter); !ok || !reflect.TypeOf(l).Comparable() {
-			continue
-		}
-		for _, s := range seen {
-			if s == l {
-				continue next
+	next:
+		for _, p := range lz.z.all {
+			if p != lz.z && p.tier == "" {
+				continue // a ban or a concurrency beside the rate: not keys of their own
 			}
+			l := p.limiter
+			if _, ok := l.(keyCounter); !ok || !reflect.TypeOf(l).Comparable() {
+				continue
+			}
+			for _, s := range seen {
+				if s == l {
+					continue next
+				}
+			}
+			seen = append(seen, l)
 		}
-		seen = append(seen, l)
 	}
 	return seen
 }

@@ -99,6 +99,15 @@ type Zone struct {
 	// BanAfter is how many rejections within one window start a ban.
 	// Default: 1.
 	BanAfter int64 `json:"ban_after,omitempty"`
+
+	// TierKey is a template (a header, a user's claim, a value set by
+	// Caddy's map directive) whose value chooses the request's limit from
+	// Tiers; a value not listed gets the zone's own.
+	TierKey string `json:"tier_key,omitempty"`
+
+	// Tiers maps a TierKey value to its limit. A key's state is kept per
+	// tier.
+	Tiers map[string]*Tier `json:"tiers,omitempty"`
 }
 
 // defaultLease is concurrency_lease when it is not set.
@@ -193,6 +202,14 @@ type zone struct {
 	base  *zone    // the zone this is a part of: the one in the handler's zones
 	parts []*zone  // on a base: its parts in decision order, itself among them
 	ban   *zone    // on a base: its ban part, or nil
+	all   []*zone  // on a base: its parts and its tiers' rate parts
+
+	// Tiers, on a base with a rate: the template, the header it is (see
+	// headerKey), and each listed value's rate part (nil: unlimited).
+	tierKey    string
+	tierHeader string
+	tiers      map[string]*zone
+	tier       string // on a tier's rate part: its value
 }
 
 // zoneSettings are a Zone's values, checked and parsed: all of a zone
@@ -202,6 +219,7 @@ type zoneSettings struct {
 	limit          algorithms.Limit // the rate
 	slots          *algorithms.Limit
 	ban            *algorithms.Limit
+	tiers          tierSettings
 	key            string
 	v4bits, v6bits int
 	costTemplate   string // empty when the cost is constant
@@ -321,6 +339,10 @@ func (zc *Zone) settings() (zoneSettings, error) {
 			*zc.DefaultCost, capacity/algorithms.Milli, capacityField(s.limit))
 	}
 
+	if s.tiers, err = zc.tierLimits(&s); err != nil {
+		return s, err
+	}
+
 	switch zc.OnStorageError {
 	case "allow":
 		s.onError = failAllow
@@ -371,19 +393,19 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if !s.rate {
 		role = roleSlots
 	}
-	z, err := h.openPart(shared, role, s.limit)
+	z, err := h.openPart(shared, role, s.limit, name)
 	if err != nil {
 		return nil, err
 	}
 	if s.ban != nil {
-		if z.ban, err = h.openPart(z, roleBan, *s.ban); err != nil {
+		if z.ban, err = h.openPart(z, roleBan, *s.ban, name); err != nil {
 			return nil, fmt.Errorf("ban: %w", err)
 		}
 		z.parts = append(z.parts, z.ban)
 	}
 	z.parts = append(z.parts, z)
 	if s.rate && s.slots != nil {
-		slots, err := h.openPart(z, roleSlots, *s.slots)
+		slots, err := h.openPart(z, roleSlots, *s.slots, name)
 		if err != nil {
 			return nil, fmt.Errorf("concurrency: %w", err)
 		}
@@ -392,6 +414,12 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		slots.hname = name + "/concurrency"
 		slots.policy = policyItem(slots.hname, *s.slots)
 		z.parts = append(z.parts, slots)
+	}
+	z.all = append(z.all, z.parts...)
+	if s.tiers != nil {
+		if err := h.provisionTiers(z, zc.TierKey, s.tiers); err != nil {
+			return nil, err
+		}
 	}
 	return z, nil
 }
@@ -417,7 +445,7 @@ func validZoneName(name string) error {
 
 // release closes what the zone's parts opened.
 func (z *zone) release() {
-	for _, p := range z.parts {
+	for _, p := range z.all {
 		for _, l := range []storage.Limiter{p.limiter, p.local} {
 			if c, ok := l.(interface{ Close() }); ok {
 				c.Close()
@@ -428,7 +456,7 @@ func (z *zone) release() {
 
 // sweep forgets fresh keys in the memory stores of the zone's parts.
 func (z *zone) sweep(now int64) {
-	for _, p := range z.parts {
+	for _, p := range z.all {
 		for _, l := range []storage.Limiter{p.limiter, p.local} {
 			if s, ok := l.(interface{ Sweep(int64) int }); ok {
 				s.Sweep(now)

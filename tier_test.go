@@ -1,0 +1,198 @@
+package tollgate
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
+)
+
+// tierSite is the README's API plans: Caddy's map turns the API key into
+// a plan, and the plan picks the zone's limit.
+func tierSite(storage string) string {
+	return globalOptions + `
+	localhost:9080 {
+		map {http.request.header.Authorization} {plan} {
+			"Bearer gold-key"     gold
+			"Bearer free-key"     free
+			"Bearer internal-key" internal
+			default               unknown
+		}
+		rate_limit {
+			zone api {
+				key {http.request.header.Authorization}
+				rate 2/m
+				tier {plan} {
+					gold     5/m burst 6
+					free     1/m
+					internal unlimited
+				}
+			}
+			` + storage + `
+		}
+		respond "ok"
+	}`
+}
+
+// TestTiersThroughCaddy: each plan gets its tier's limit (and headers and
+// placeholders report it), a value not listed gets the zone's own, an
+// unlimited tier is not limited (and gets no RateLimit headers), on the
+// memory store and on Redis.
+func TestTiersThroughCaddy(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			tester := caddytest.NewTester(t)
+			tester.InitServer(tierSite(storage(t)), "caddyfile")
+			for _, c := range []struct {
+				auth, policy, statuses string
+			}{
+				{"Bearer gold-key", `"api";q=5;w=60`, "200 200 200 200 200 200 429 "},
+				{"Bearer free-key", `"api";q=1;w=60`, "200 429 429 "},
+				{"Bearer someone-" + name, `"api";q=2;w=60`, "200 200 429 "},
+			} {
+				got := ""
+				for i := range strings.Count(c.statuses, " ") {
+					resp, _ := get(t, tester, "/", "Authorization: "+c.auth)
+					got += fmt.Sprint(resp.StatusCode, " ")
+					if p := resp.Header.Get("RateLimit-Policy"); p != c.policy {
+						t.Errorf("%s, request %d: RateLimit-Policy %q, want %q", c.auth, i, p, c.policy)
+					}
+				}
+				if got != c.statuses {
+					t.Errorf("%s: %s, want %s", c.auth, got, c.statuses)
+				}
+			}
+			for i := 0; i < 20; i++ {
+				resp, _ := get(t, tester, "/", "Authorization: Bearer internal-key")
+				if resp.StatusCode != 200 || resp.Header.Get("RateLimit") != "" {
+					t.Fatalf("internal, request %d: status %d, RateLimit %q: want 200 and no headers", i, resp.StatusCode, resp.Header.Get("RateLimit"))
+				}
+			}
+
+			// The key's state is kept per tier: in the admin API, and
+			// reset per tier or in every tier.
+			var st keyState
+			if code := adminDo(t, "GET", "/rate_limit/zones/api/keys/Bearer%20gold-key?tier=gold", &st); code != 200 || st.Tier != "gold" || st.Remaining != 0 {
+				t.Errorf("GET gold tier: %d %+v", code, st)
+			}
+			if code := adminDo(t, "GET", "/rate_limit/zones/api/keys/Bearer%20gold-key?tier=silver", nil); code != 404 {
+				t.Errorf("GET an unknown tier: %d, want 404", code)
+			}
+			if code := adminDo(t, "DELETE", "/rate_limit/zones/api/keys/Bearer%20gold-key?tier=gold", nil); code != 200 {
+				t.Errorf("DELETE gold tier: %d", code)
+			}
+			if resp, _ := get(t, tester, "/", "Authorization: Bearer gold-key"); resp.StatusCode != 200 {
+				t.Errorf("gold after its reset: %d", resp.StatusCode)
+			}
+		})
+	}
+}
+
+// TestTierStateIsPerTier: one key under two tiers (a header picks the
+// tier, the key is the client) has two states; JSON tier_key and tiers.
+func TestTierStateIsPerTier(t *testing.T) {
+	for name, storage := range map[string]func(t *testing.T) string{
+		"memory": func(*testing.T) string { return "" },
+		"redis": func(t *testing.T) string {
+			return `, "storage": {"module": "redis", "addresses": ["` + redistest.Start(t).Addr + `"]}`
+		},
+	} {
+		t.Run(name, func(t *testing.T) { tierStatePerTier(t, storage(t)) })
+	}
+}
+
+func tierStatePerTier(t *testing.T, storage string) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(`{
+		"admin": {"listen": "localhost:2999"},
+		"apps": {"http": {"http_port": 9080, "servers": {"srv0": {
+			"listen": [":9080"],
+			"automatic_https": {"disable": true},
+			"routes": [{"handle": [
+				{"handler": "rate_limit",
+				 "rate_limits": {"jt": {
+					"key": "{http.request.header.X-Client}",
+					"events": 1, "window": "1h",
+					"tier_key": "{http.request.header.X-Plan}",
+					"tiers": {"pro": {"events": 3, "window": "1h"}, "staff": {"unlimited": true}}
+				 }}`+storage+`},
+				{"handler": "static_response", "body": "ok"}
+			]}]
+		}}}}
+	}`, "json")
+	for i, step := range []struct {
+		plan   string
+		status int
+	}{
+		{"pro", 200}, {"pro", 200}, {"", 200}, {"", 429}, {"pro", 200}, {"pro", 429}, {"staff", 200}, {"basic", 429},
+	} {
+		resp, _ := get(t, tester, "/", "X-Client: same", "X-Plan: "+step.plan)
+		check(t, fmt.Sprintf("step %d (%q)", i, step.plan), resp, "", want{status: step.status})
+	}
+	var zones []map[string]any
+	adminDo(t, "GET", "/rate_limit/zones", &zones)
+	if len(zones) != 1 || zones[0]["tier_key"] != "{http.request.header.X-Plan}" || fmt.Sprint(zones[0]["tiers"]) != "map[pro:map[burst:3 events:3 window:3600] staff:map[unlimited:true]]" {
+		t.Errorf("zones: %v", zones)
+	}
+}
+
+// TestTiersExactAcrossThreeInstances: a tier's limit holds across three
+// instances on a Redis Cluster.
+func TestTiersExactAcrossThreeInstances(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	cfg := globalOptions
+	for i := 1; i <= 3; i++ {
+		cfg += fmt.Sprintf(`
+	http://localhost:908%d {
+		rate_limit {
+			zone plans {
+				key {http.request.header.X-Client}
+				rate 1/h
+				tier {http.request.header.X-Plan} {
+					gold 40/h
+				}
+			}
+			storage redis {
+				addresses %s
+				pool_size %d
+			}
+		}
+		respond "ok"
+	}`, i, strings.Join(cluster.Addrs, " "), 16+i)
+	}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(cfg, "caddyfile")
+	admitted := 0
+	for i := 0; i < 90; i++ {
+		req := fmt.Sprintf("http://localhost:908%d/", 1+i%3)
+		resp, err := tester.Client.Do(mustRequest(t, req, "X-Client: c1", "X-Plan: gold"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			admitted++
+		}
+	}
+	if admitted != 40 {
+		t.Errorf("gold admitted %d of 90 across three instances, want 40", admitted)
+	}
+}
+
+// mustRequest is a GET of url with header pairs ("Name: value").
+func mustRequest(t *testing.T, url string, headers ...string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ":")
+		req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	return req
+}
