@@ -196,3 +196,66 @@ func mustRequest(t *testing.T, url string, headers ...string) *http.Request {
 	}
 	return req
 }
+
+// TestTierWithBanAndConcurrency: a tier replaces the zone's rate, beside
+// the zone's ban and concurrency, which every tier shares; a dry-run
+// zone's ban refuses nothing but is counted.
+func TestTierWithBanAndConcurrency(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(withGlobal("metrics")+`
+	localhost:9080 {
+		rate_limit {
+			zone combo {
+				match {
+					path /
+				}
+				key {http.request.header.X-Client}
+				rate 1/m
+				ban 1h
+				concurrency 5
+				tier {http.request.header.X-Plan} {
+					gold 3/m
+				}
+			}
+			zone rehearsal {
+				match {
+					path /dry
+				}
+				key {http.request.header.X-Client}
+				rate 1/m
+				ban 1h
+				dry_run
+			}
+		}
+		respond "ok"
+	}`, "caddyfile")
+	got := ""
+	for i := 0; i < 5; i++ {
+		resp, _ := get(t, tester, "/", "X-Client: combo", "X-Plan: gold")
+		got += fmt.Sprint(resp.StatusCode, " ")
+		if i == 0 {
+			check(t, "gold", resp, "", want{200, map[string]string{
+				"RateLimit-Policy": `"combo";q=3;w=60, "combo/concurrency";q=5;qu="concurrent-requests"`,
+				"RateLimit":        `"combo";r=2;t=20, "combo/concurrency";r=4;t=1`,
+			}, ""})
+		}
+	}
+	if got != "200 200 200 429 429 " {
+		t.Errorf("gold: %s, want 3 admitted, then rejected and banned", got)
+	}
+	// The ban is the zone's: the key is banned in every tier.
+	resp, _ := get(t, tester, "/", "X-Client: combo")
+	if ra := resp.Header.Get("Retry-After"); resp.StatusCode != 429 || ra != "3600" {
+		t.Errorf("the banned key without a plan: %d, Retry-After %q, want 429 and the ban's 3600", resp.StatusCode, ra)
+	}
+
+	before := scrape(t)[requests("rehearsal", "dry_run_rejected")]
+	for i := 0; i < 4; i++ {
+		if resp, _ := get(t, tester, "/dry", "X-Client: rehearsal"); resp.StatusCode != 200 {
+			t.Fatalf("dry run %d: status %d, want 200", i, resp.StatusCode)
+		}
+	}
+	if n := scrape(t)[requests("rehearsal", "dry_run_rejected")] - before; n != 3 {
+		t.Errorf("dry run: %v would-be rejections counted, want 3 (one by the rate, two by the ban it started)", n)
+	}
+}
