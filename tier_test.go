@@ -3,6 +3,7 @@ package tollgate
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -257,5 +258,17 @@ func TestTierWithBanAndConcurrency(t *testing.T) {
 	}
 	if n := scrape(t)[requests("rehearsal", "dry_run_rejected")] - before; n != 3 {
 		t.Errorf("dry run: %v would-be rejections counted, want 3 (one by the rate, two by the ban it started)", n)
+	}
+}
+
+// TestExampleCaddyfileIsValid: the README's first command runs
+// examples/Caddyfile; it must adapt and validate.
+func TestExampleCaddyfileIsValid(t *testing.T) {
+	body, err := os.ReadFile("examples/Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := validate(string(body)); err != nil {
+		t.Fatalf("examples/Caddyfile: %v", err)
 	}
 }
