@@ -67,6 +67,11 @@ func BenchmarkServeHTTP(b *testing.B) {
 		{"key=client_ip/headers=none/metrics=on", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}, true},
 		{"key=header/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
 		{"key=header/cost=query/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Cost: "{http.request.uri.query.weight}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
+		// The same zone with each of the other limits: what they cost.
+		{"key=client_ip/headers=ietf/ban", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), Ban: caddy.Duration(3600e9)}, nil, false},
+		{"key=client_ip/headers=ietf/concurrency", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), Concurrency: 1 << 20}, nil, false},
+		{"key=client_ip/headers=ietf/tier", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), TierKey: "{http.request.header.X-API-Key}",
+			Tiers: map[string]*Tier{"key-0": {Events: 1 << 30, Window: caddy.Duration(7200e9)}}}, nil, false},
 	}
 	for _, c := range cases {
 		for _, keys := range []int{1, 100_000} {
