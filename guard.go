@@ -3,7 +3,12 @@ package tollgate
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
@@ -212,5 +217,97 @@ func (s *slotHold) release(ctx context.Context) {
 		if err := res.limiter.Undo(ctx, res.key, now, algorithms.Milli, res.d); err != nil {
 			s.h.logStoreError(res.z, fmt.Errorf("giving back a concurrency slot: %w", err))
 		}
+	}
+}
+
+// appendParts appends a zone's parts to a request's results: its ban
+// first, to which the others' rejections count as strikes, then its rate
+// (rate: the request's tier) and its concurrency slot (one request each,
+// whatever its cost).
+func appendParts(results []result, z, rate *zone, key string, repl *caddy.Replacer) []result {
+	strike := 0
+	for _, p := range z.parts {
+		res := result{z: p, key: key, cost: algorithms.Milli, strike: strike}
+		switch p.role {
+		case roleBan:
+			strike = len(results) + 1
+			res.strike = 0
+		case roleRate:
+			res.z, res.cost = rate, z.resolveCost(repl)
+		}
+		results = append(results, res)
+	}
+	return results
+}
+
+// zoneEnd is the end of the zone whose parts start at results[i]: a
+// zone's parts are consecutive.
+func zoneEnd(results []result, i int) int {
+	j := i + 1
+	for j < len(results) && results[j].z.base == results[i].z.base {
+		j++
+	}
+	return j
+}
+
+// zoneOutcome is what a zone decided of a request.
+type zoneOutcome uint8
+
+const (
+	outcomeAllowed  zoneOutcome = iota
+	outcomeRejected             // by its rate or its concurrency
+	outcomeBanned               // by a ban that held before the request
+	outcomeBanStart             // rejected, and the rejection started a ban
+)
+
+// zoneResult is what a zone's parts decided (a banned zone's other parts
+// are not decided, and a ban that the request's rejection started leaves
+// them rejected).
+func zoneResult(parts []result) zoneOutcome {
+	banned, rejected := false, false
+	for i := range parts {
+		if !parts[i].d.Allowed {
+			if parts[i].z.role == roleBan {
+				banned = true
+			} else {
+				rejected = true
+			}
+		}
+	}
+	switch {
+	case banned && rejected:
+		return outcomeBanStart
+	case banned:
+		return outcomeBanned
+	case rejected:
+		return outcomeRejected
+	}
+	return outcomeAllowed
+}
+
+// noteBans logs and emits the bans the request's rejection started.
+func (h *Handler) noteBans(r *http.Request, results []result) {
+	for i := 0; i < len(results); {
+		j := zoneEnd(results, i)
+		parts := results[i:j]
+		i = j
+		if zoneResult(parts) != outcomeBanStart {
+			continue
+		}
+		ban := &parts[0] // a zone's ban is its first part
+		if ce := h.logger.Check(zap.InfoLevel, "rate limit ban started"); ce != nil {
+			clientIP, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+			fields := []zap.Field{
+				zap.String("zone", ban.z.name),
+				zap.Duration("ban", time.Duration(ban.d.Wait)*time.Microsecond),
+				zap.String("client_ip", clientIP),
+				zap.Bool("dry_run", ban.z.dryRun),
+			}
+			if h.LogKey {
+				fields = append(fields, zap.String("key", ban.key))
+			}
+			ce.Write(fields...)
+		}
+		h.emit(r, eventBanned, ban, ban.z.dryRun)
 	}
 }

@@ -111,26 +111,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.admit(w, r, repl, next, results, now)
 }
 
-// appendParts appends a zone's parts to a request's results: its ban
-// first, to which the others' rejections count as strikes, then its rate
-// (rate: the request's tier) and its concurrency slot (one request each,
-// whatever its cost).
-func appendParts(results []result, z, rate *zone, key string, repl *caddy.Replacer) []result {
-	strike := 0
-	for _, p := range z.parts {
-		res := result{z: p, key: key, cost: algorithms.Milli, strike: strike}
-		switch p.role {
-		case roleBan:
-			strike = len(results) + 1
-			res.strike = 0
-		case roleRate:
-			res.z, res.cost = rate, z.resolveCost(repl)
-		}
-		results = append(results, res)
-	}
-	return results
-}
-
 // decide decides every applied zone on the handler's store as one step
 // and returns the index of the first rejecting zone that is not a dry run,
 // or -1. When err is not nil, nothing was decided and nothing is charged.
@@ -145,68 +125,12 @@ func (h *Handler) decide(r *http.Request, results []result, now int64) (rejected
 		rejected, err = takeEach(r.Context(), now, results)
 	}
 	h.storeDone(start)
-	if !h.bans && !h.slots { // every zone is one part
-		for i := range results {
-			o := outcomeAllowed
-			if !results[i].d.Allowed {
-				o = outcomeRejected
-			}
-			results[i].z.base.metrics.count(o, err)
-		}
-		return rejected, err
-	}
-	forZones(results, func(parts []result) {
-		parts[0].z.base.metrics.count(zoneResult(parts), err)
-	})
-	return rejected, err
-}
-
-// forZones calls f with each zone's results: its parts, which are
-// consecutive.
-func forZones(results []result, f func(parts []result)) {
 	for i := 0; i < len(results); {
-		j := i + 1
-		for j < len(results) && results[j].z.base == results[i].z.base {
-			j++
-		}
-		f(results[i:j])
+		j := zoneEnd(results, i)
+		results[i].z.base.metrics.count(zoneResult(results[i:j]), err)
 		i = j
 	}
-}
-
-// zoneOutcome is what a zone decided of a request.
-type zoneOutcome uint8
-
-const (
-	outcomeAllowed  zoneOutcome = iota
-	outcomeRejected             // by its rate or its concurrency
-	outcomeBanned               // by a ban that held before the request
-	outcomeBanStart             // rejected, and the rejection started a ban
-)
-
-// zoneResult is what a zone's parts decided (a banned zone's other parts
-// are not decided, and a ban that the request's rejection started leaves
-// them rejected).
-func zoneResult(parts []result) zoneOutcome {
-	banned, rejected := false, false
-	for i := range parts {
-		if !parts[i].d.Allowed {
-			if parts[i].z.role == roleBan {
-				banned = true
-			} else {
-				rejected = true
-			}
-		}
-	}
-	switch {
-	case banned && rejected:
-		return outcomeBanStart
-	case banned:
-		return outcomeBanned
-	case rejected:
-		return outcomeRejected
-	}
-	return outcomeAllowed
+	return rejected, err
 }
 
 // onStoreError applies each zone's on_storage_error after the store failed
@@ -267,30 +191,6 @@ func (h *Handler) noteDryRuns(r *http.Request, results []result) {
 			h.emitExceeded(r, res, true)
 		}
 	}
-}
-
-// noteBans logs and emits the bans the request's rejection started.
-func (h *Handler) noteBans(r *http.Request, results []result) {
-	forZones(results, func(parts []result) {
-		if zoneResult(parts) != outcomeBanStart {
-			return
-		}
-		ban := &parts[0] // a zone's ban is its first part
-		if ce := h.logger.Check(zap.InfoLevel, "rate limit ban started"); ce != nil {
-			clientIP, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
-			fields := []zap.Field{
-				zap.String("zone", ban.z.name),
-				zap.Duration("ban", time.Duration(ban.d.Wait)*time.Microsecond),
-				zap.String("client_ip", clientIP),
-				zap.Bool("dry_run", ban.z.dryRun),
-			}
-			if h.LogKey {
-				fields = append(fields, zap.String("key", ban.key))
-			}
-			ce.Write(fields...)
-		}
-		h.emit(r, eventBanned, ban, ban.z.dryRun)
-	})
 }
 
 // admit sends an admitted request on, with its headers, after the longest
