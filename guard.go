@@ -150,6 +150,7 @@ type slotHold struct {
 	h     *Handler
 	slots []result      // copies: the request's results stay on its stack
 	done  chan struct{} // closed on release, when leases are renewed
+	buf   [2]result     // slots' first backing array
 }
 
 // holdSlots starts renewing the leases of the slots results hold, and
@@ -164,6 +165,7 @@ func (h *Handler) holdSlots(ctx context.Context, results []result) *slotHold {
 		}
 		if hold == nil {
 			hold = &slotHold{h: h}
+			hold.slots = hold.buf[:0]
 		}
 		hold.slots = append(hold.slots, *res)
 		if _, ok := res.limiter.(leaseRenewer); ok {
@@ -208,9 +210,9 @@ func (s *slotHold) renew(ctx context.Context, every time.Duration) {
 // chain returned, failed, panicked, or the client went away.
 func (s *slotHold) release(ctx context.Context) {
 	if s.done != nil {
-		close(s.done)
+		close(s.done) // leases: the limiter is remote, and the client may be gone
+		ctx = context.WithoutCancel(ctx)
 	}
-	ctx = context.WithoutCancel(ctx)
 	now := s.h.now()
 	for i := range s.slots {
 		res := &s.slots[i]

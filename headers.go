@@ -101,6 +101,8 @@ func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, ret
 	var policy string
 	if len(results) == 1 {
 		policy = results[0].z.policy // built at provision: no allocation
+	} else if p := onlyZonePolicy(results); p != "" {
+		policy = p // one zone's parts: built at provision too
 	} else {
 		var b strings.Builder
 		for i := range results {
@@ -145,6 +147,20 @@ func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, ret
 	vals[0], vals[1] = policy, string(buf)
 	hdr["Ratelimit-Policy"] = vals[0:1:1]
 	hdr["Ratelimit"] = vals[1:2:2]
+}
+
+// onlyZonePolicy is the RateLimit-Policy built at provision for results
+// that are all one zone's parts, or "".
+func onlyZonePolicy(results []result) string {
+	if zoneEnd(results, 0) != len(results) {
+		return ""
+	}
+	for i := range results {
+		if results[i].z.role == roleRate {
+			return results[i].z.zonePolicy
+		}
+	}
+	return ""
 }
 
 // shown is the result whose quota the headers and placeholders report

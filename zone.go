@@ -188,6 +188,10 @@ type zone struct {
 
 	policy string // this part's RateLimit-Policy item, built once; "" for a ban
 	hname  string // this part's name in RateLimit headers
+	// zonePolicy, on a rate part (the zone's or a tier's) of a zone with
+	// a ban or concurrency: the RateLimit-Policy of the zone's parts with
+	// this rate, when they are all a request applies; built once.
+	zonePolicy string
 
 	// The {http.rate_limit.limit} and {http.rate_limit.remaining} values,
 	// boxed once: the replacer keeps values as any, and boxing a number
@@ -421,7 +425,29 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 			return nil, err
 		}
 	}
+	if len(z.parts) > 1 && s.rate {
+		for _, rate := range z.all {
+			if rate == z || rate.tier != "" {
+				rate.zonePolicy = z.policyWith(rate)
+			}
+		}
+	}
 	return z, nil
+}
+
+// policyWith is the RateLimit-Policy of z's parts with rate (the zone's
+// rate part or a tier's) as the rate.
+func (z *zone) policyWith(rate *zone) string {
+	var items []string
+	for _, p := range z.parts {
+		if p == z {
+			p = rate
+		}
+		if p.policy != "" {
+			items = append(items, p.policy)
+		}
+	}
+	return strings.Join(items, ", ")
 }
 
 // validZoneName accepts names that can stand unquoted in logs, metrics
