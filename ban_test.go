@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
 // TestBanThroughCaddy: a login zone (rate 2/m, ban 10m after 2
@@ -172,5 +174,41 @@ func TestZoneListShowsGuards(t *testing.T) {
 	}
 	if only["algorithm"] != "" || only["events"] != 0.0 || only["concurrency"] != 2.0 || only["concurrency_lease"] != 10.0 || only["ban"] != nil {
 		t.Errorf("zone slots_only: %v", only)
+	}
+}
+
+// TestBanOnLocalFallbackBesideAZoneThatFailsOpen: Redis is down; the
+// first zone fails open (dropped), the second falls back to local memory
+// with its ban, whose parts must still find each other.
+func TestBanOnLocalFallbackBesideAZoneThatFailsOpen(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone open {
+				key {http.request.header.X-Client}
+				rate 100/m
+				on_storage_error allow
+			}
+			zone guarded {
+				key {http.request.header.X-Client}
+				rate 1/m
+				ban 1h
+				on_storage_error local
+			}
+			storage redis {
+				addresses 127.0.0.1:`+fmt.Sprint(redistest.FreePort(t))+`
+				timeout 50ms
+			}
+		}
+		respond "ok"
+	}`, "caddyfile")
+	for i, w := range []want{
+		{200, nil, ""},
+		{429, map[string]string{"Retry-After": "3600"}, ""}, // rejected: the ban starts
+		{429, map[string]string{"Retry-After": "3600"}, ""}, // banned
+	} {
+		resp, body := get(t, tester, "/", "X-Client: fallback")
+		check(t, fmt.Sprintf("request %d", i+1), resp, body, w)
 	}
 }

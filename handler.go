@@ -150,6 +150,11 @@ func (h *Handler) onStoreError(results []result, err error) ([]result, error) {
 		case failLocal:
 			if z.mem != nil {
 				results[n] = results[i]
+				if results[n].strike > 0 {
+					// Its zone's ban moved up with it, past the parts
+					// dropped before the zone.
+					results[n].strike -= i - n
+				}
 				n++
 			}
 		}

@@ -353,7 +353,7 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 	rejected := -1
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Strike > 0 && !ds[r.Strike-1].Allowed {
+		if b := banOf(reqs, i); b >= 0 && !ds[b].Allowed {
 			ds[i] = algorithms.Decision{Allowed: true} // banned: not decided
 			continue
 		}
@@ -380,7 +380,8 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 		// exactly when its check did.
 		for i := range reqs {
 			r := &reqs[i]
-			banned := r.Strike > 0 && !ds[r.Strike-1].Allowed
+			b := banOf(reqs, i)
+			banned := b >= 0 && !ds[b].Allowed
 			if ds[i].Allowed && !banned && r.Store.limit.Kind != algorithms.Ban {
 				var e *entry
 				e, victims[i] = r.Store.get(shards[i], r.Key, now)
@@ -410,7 +411,7 @@ func strike(now int64, reqs []Request, shards []*shard, ds []algorithms.Decision
 			continue
 		}
 		for j := b + 1; j < len(reqs); j++ {
-			if reqs[j].Strike == b+1 && !ds[j].Allowed {
+			if banOf(reqs, j) == b && !ds[j].Allowed {
 				var e *entry
 				e, victims[b] = r.Store.get(shards[b], r.Key, now)
 				ds[b] = r.Store.limit.Strike(&e.state, now)
@@ -420,6 +421,16 @@ func strike(now int64, reqs []Request, shards []*shard, ds []algorithms.Decision
 		}
 	}
 	return started
+}
+
+// banOf is the index of request i's ban (Request.Strike), or -1 for none,
+// or for a link that names no earlier request with a Ban limit.
+func banOf(reqs []Request, i int) int {
+	b := reqs[i].Strike - 1
+	if b < 0 || b >= i || reqs[b].Store.limit.Kind != algorithms.Ban {
+		return -1
+	}
+	return b
 }
 
 // firstRejecting is the index of the first rejecting request that is not a

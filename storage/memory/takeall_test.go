@@ -310,3 +310,22 @@ func TestConcurrentLateUndo(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeAllIgnoresBadBanLinks: a Strike that names no earlier request
+// with a ban (itself, a later one, out of range, a rate) links nothing:
+// the request is decided as without one, and nothing panics.
+func TestTakeAllIgnoresBadBanLinks(t *testing.T) {
+	rate := New(storage.Zone{Name: "r", Limit: mustLimit(t, algorithms.TokenBucket, 1, time.Hour), MaxKeys: 10})
+	other := New(storage.Zone{Name: "o", Limit: mustLimit(t, algorithms.TokenBucket, 1, time.Hour), MaxKeys: 10})
+	for _, strike := range []int{2, 3, 99, -5, 1} {
+		key := fmt.Sprint("k", strike)
+		reqs := []Request{{Store: other, Key: key, Cost: 1000}, {Store: rate, Key: key, Cost: 1000, Strike: strike}}
+		ds := make([]algorithms.Decision, 2)
+		if got := TakeAll(0, reqs, ds); got != -1 || !ds[1].Allowed || storage.Skipped(ds[1]) {
+			t.Errorf("strike %d: first request rejected %d, %+v", strike, got, ds)
+		}
+		if got := TakeAll(0, reqs, ds); got != 0 {
+			t.Errorf("strike %d: second request: rejected %d, want 0", strike, got)
+		}
+	}
+}

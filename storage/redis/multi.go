@@ -215,8 +215,8 @@ func (s *Store) parts(reqs []Request) ([]part, error) {
 			return nil, err
 		}
 		p := part{z: z, key: s.key(r.Key, z.tail), op: opCheck, x: amount(&z.limit, max(r.Cost, 0)), block: !r.DryRun, strike: r.Strike}
-		if p.strike < 0 || p.strike > i {
-			return nil, fmt.Errorf("zone %q: strike %d does not name an earlier request", z.name, p.strike)
+		if p.strike < 0 || p.strike > i || (p.strike > 0 && parts[p.strike-1].z.limit.Kind != algorithms.Ban) {
+			return nil, fmt.Errorf("zone %q: strike %d does not name an earlier request with a ban", z.name, p.strike)
 		}
 		if r.Cost > z.limit.Capacity() {
 			p.op, p.x = opCheckNever, 0
