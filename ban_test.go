@@ -105,26 +105,16 @@ func TestBanEventAndJSON(t *testing.T) {
 	recorded.Unlock()
 
 	tester := caddytest.NewTester(t)
-	tester.InitServer(`{
-		"admin": {"listen": "localhost:2999"},
-		"apps": {
-			"events": {"subscriptions": [{
-				"events": ["rate_limit_exceeded", "rate_limit_banned"],
-				"handlers": [{"handler": "tollgate_test_recorder"}]
-			}]},
-			"http": {"http_port": 9080, "servers": {"srv0": {
-				"listen": [":9080"],
-				"automatic_https": {"disable": true},
-				"routes": [{"handle": [
-					{"handler": "rate_limit",
-					 "rate_limits": {
-						"jb": {"key": "{http.request.header.X-Client}", "events": 1, "window": "1h", "ban": "1h30m", "ban_after": 1}
-					 }},
-					{"handler": "static_response", "body": "ok"}
-				]}]
-			}}}
-		}
-	}`, "json")
+	tester.InitServer(jsonConfig(`
+		"events": {"subscriptions": [{
+			"events": ["rate_limit_exceeded", "rate_limit_banned"],
+			"handlers": [{"handler": "tollgate_test_recorder"}]
+		}]},`, `
+		{"handler": "rate_limit",
+		 "rate_limits": {
+			"jb": {"key": "{http.request.header.X-Client}", "events": 1, "window": "1h", "ban": "1h30m", "ban_after": 1}
+		 }},
+		{"handler": "static_response", "body": "ok"}`), "json")
 	for i, w := range []int{200, 429, 429, 429} {
 		resp, _ := get(t, tester, "/", "X-Client: jb")
 		check(t, fmt.Sprintf("step %d", i), resp, "", want{status: w})

@@ -540,18 +540,10 @@ func TestGuardsExactAcrossThreeInstances(t *testing.T) {
 func TestConcurrencyJSON(t *testing.T) {
 	up := newUpstream(t)
 	tester := caddytest.NewTester(t)
-	tester.InitServer(`{
-		"admin": {"listen": "localhost:2999"},
-		"apps": {"http": {"http_port": 9080, "servers": {"srv0": {
-			"listen": [":9080"],
-			"automatic_https": {"disable": true},
-			"routes": [{"handle": [
-				{"handler": "rate_limit",
-				 "rate_limits": {"jc": {"key": "{http.request.header.X-Client}", "concurrency": 1, "concurrency_lease": "5s"}}},
-				{"handler": "reverse_proxy", "upstreams": [{"dial": "`+strings.TrimPrefix(up.URL, "http://")+`"}]}
-			]}]
-		}}}}
-	}`, "json")
+	tester.InitServer(jsonConfig("", `
+		{"handler": "rate_limit",
+		 "rate_limits": {"jc": {"key": "{http.request.header.X-Client}", "concurrency": 1, "concurrency_lease": "5s"}}},
+		{"handler": "reverse_proxy", "upstreams": [{"dial": "`+strings.TrimPrefix(up.URL, "http://")+`"}]}`), "json")
 	status, done := startRequest(t, context.Background(), tester.Client, base+"/", "json")
 	if status != 200 {
 		t.Fatalf("first: status %d", status)

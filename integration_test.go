@@ -46,6 +46,22 @@ const globalOptions = `{
 
 const base = "http://localhost:9080"
 
+// jsonConfig is a caddytest JSON config: one server on 9080 whose one
+// route runs handlers (JSON objects, comma-separated), and more apps
+// (`"name": {...}` entries, comma-terminated) before the HTTP app.
+func jsonConfig(apps, handlers string) string {
+	return `{
+		"admin": {"listen": "localhost:2999"},
+		"apps": {` + apps + `
+			"http": {"http_port": 9080, "servers": {"srv0": {
+				"listen": [":9080"],
+				"automatic_https": {"disable": true},
+				"routes": [{"handle": [` + handlers + `]}]
+			}}}
+		}
+	}`
+}
+
 // get sends a GET with the given header pairs ("Name: value").
 func get(t *testing.T, tester *caddytest.Tester, path string, headers ...string) (*http.Response, string) {
 	t.Helper()
@@ -137,22 +153,14 @@ func TestCaddyfileTokenBucketHeaders(t *testing.T) {
 
 func TestJSONConfig(t *testing.T) {
 	tester := caddytest.NewTester(t)
-	tester.InitServer(`{
-		"admin": {"listen": "localhost:2999"},
-		"apps": {"http": {"http_port": 9080, "servers": {"srv0": {
-			"listen": [":9080"],
-			"automatic_https": {"disable": true},
-			"routes": [{"handle": [
-				{"handler": "rate_limit",
-				 "rate_limits": {"json_zone": {
-					"key": "{http.request.header.X-Client}",
-					"algorithm": "fixed_window",
-					"events": 2, "window": "1h", "cost": 1}},
-				 "headers": ["ietf-draft-03", "x-ratelimit"]},
-				{"handler": "static_response", "body": "ok"}
-			]}]
-		}}}}
-	}`, "json")
+	tester.InitServer(jsonConfig("", `
+		{"handler": "rate_limit",
+		 "rate_limits": {"json_zone": {
+			"key": "{http.request.header.X-Client}",
+			"algorithm": "fixed_window",
+			"events": 2, "window": "1h", "cost": 1}},
+		 "headers": ["ietf-draft-03", "x-ratelimit"]},
+		{"handler": "static_response", "body": "ok"}`), "json")
 
 	now := fakeNow.Load()
 	windowEnd := now - now%(3600*microsPerSecond) + 3600*microsPerSecond

@@ -365,28 +365,18 @@ func TestEventOnEveryRejection(t *testing.T) {
 	recorded.Unlock()
 
 	tester := caddytest.NewTester(t)
-	tester.InitServer(`{
-		"admin": {"listen": "localhost:2999"},
-		"apps": {
-			"events": {"subscriptions": [{
-				"events": ["rate_limit_exceeded"],
-				"handlers": [{"handler": "tollgate_test_recorder"}]
-			}]},
-			"http": {"http_port": 9080, "servers": {"srv0": {
-				"listen": [":9080"],
-				"automatic_https": {"disable": true},
-				"routes": [{"handle": [
-					{"handler": "rate_limit",
-					 "rate_limits": {
-						"ev": {"key": "{http.request.header.X-Client}", "events": 1, "window": "1h"},
-						"ev_dry": {"match": [{"path": ["/dry"]}], "key": "{http.request.header.X-Client}", "events": 1, "window": "1h", "dry_run": true}
-					 },
-					 "zone_order": ["ev_dry", "ev"]},
-					{"handler": "static_response", "body": "ok"}
-				]}]
-			}}}
-		}
-	}`, "json")
+	tester.InitServer(jsonConfig(`
+		"events": {"subscriptions": [{
+			"events": ["rate_limit_exceeded"],
+			"handlers": [{"handler": "tollgate_test_recorder"}]
+		}]},`, `
+		{"handler": "rate_limit",
+		 "rate_limits": {
+			"ev": {"key": "{http.request.header.X-Client}", "events": 1, "window": "1h"},
+			"ev_dry": {"match": [{"path": ["/dry"]}], "key": "{http.request.header.X-Client}", "events": 1, "window": "1h", "dry_run": true}
+		 },
+		 "zone_order": ["ev_dry", "ev"]},
+		{"handler": "static_response", "body": "ok"}`), "json")
 
 	for i, step := range []struct {
 		path, client string

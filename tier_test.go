@@ -108,23 +108,15 @@ func TestTierStateIsPerTier(t *testing.T) {
 
 func tierStatePerTier(t *testing.T, storage string) {
 	tester := caddytest.NewTester(t)
-	tester.InitServer(`{
-		"admin": {"listen": "localhost:2999"},
-		"apps": {"http": {"http_port": 9080, "servers": {"srv0": {
-			"listen": [":9080"],
-			"automatic_https": {"disable": true},
-			"routes": [{"handle": [
-				{"handler": "rate_limit",
-				 "rate_limits": {"jt": {
-					"key": "{http.request.header.X-Client}",
-					"events": 1, "window": "1h",
-					"tier_key": "{http.request.header.X-Plan}",
-					"tiers": {"pro": {"events": 3, "window": "1h"}, "staff": {"unlimited": true}}
-				 }}`+storage+`},
-				{"handler": "static_response", "body": "ok"}
-			]}]
-		}}}}
-	}`, "json")
+	tester.InitServer(jsonConfig("", `
+		{"handler": "rate_limit",
+		 "rate_limits": {"jt": {
+			"key": "{http.request.header.X-Client}",
+			"events": 1, "window": "1h",
+			"tier_key": "{http.request.header.X-Plan}",
+			"tiers": {"pro": {"events": 3, "window": "1h"}, "staff": {"unlimited": true}}
+		 }}`+storage+`},
+		{"handler": "static_response", "body": "ok"}`), "json")
 	for i, step := range []struct {
 		plan   string
 		status int
