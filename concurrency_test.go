@@ -554,3 +554,39 @@ func TestConcurrencyJSON(t *testing.T) {
 	<-done
 	waitFor(t, "the slot back", func() bool { return inFlight(t, "jc", "json") == 0 })
 }
+
+// TestConcurrencyWhenRedisGoesDown: a request holds a slot in Redis;
+// Redis stops; new requests are decided on this instance's memory
+// (on_storage_error local, the default), still at most 2 in flight and
+// never a 5xx; the held request ends without error though its slot cannot
+// be given back (its lease will end).
+func TestConcurrencyWhenRedisGoesDown(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(concurrencySite(up.URL, "storage redis {\n\t\t\t\taddresses "+srv.Addr+"\n\t\t\t\ttimeout 100ms\n\t\t\t}"), "caddyfile")
+	status, held := startRequest(t, context.Background(), tester.Client, base+"/dl", "down")
+	if status != 200 {
+		t.Fatalf("held request: %d", status)
+	}
+	srv.Stop()
+	var dones []<-chan struct{}
+	for i := 0; i < 2; i++ {
+		status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", "down")
+		if status != 200 {
+			t.Fatalf("local request %d: status %d, want 200 (2 slots in this instance's memory)", i, status)
+		}
+		dones = append(dones, done)
+	}
+	resp, _ := get(t, tester, "/fast", "X-Client: down")
+	check(t, "a third in flight, decided locally", resp, "", want{429, map[string]string{"Retry-After": "1"}, ""})
+	for range 3 {
+		up.release <- struct{}{}
+	}
+	<-held
+	for _, d := range dones {
+		<-d
+	}
+	resp, _ = get(t, tester, "/fast", "X-Client: down")
+	check(t, "after they ended", resp, "", want{200, nil, ""})
+}
