@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
@@ -133,13 +135,23 @@ func tierStatePerTier(t *testing.T, storage string) {
 	}
 }
 
-// TestTiersExactAcrossThreeInstances: a tier's limit holds across three
-// instances on a Redis Cluster.
+// TestTiersExactAcrossThreeInstances: a tier's limit holds exactly across
+// three instances hammered at once, on one Redis and on a Cluster: gold
+// (40/h, so nothing refills during the test) admits 40, and the zone's
+// own limit (1/h) one, for another client.
 func TestTiersExactAcrossThreeInstances(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	cfg := globalOptions
-	for i := 1; i <= 3; i++ {
-		cfg += fmt.Sprintf(`
+	for _, c := range []struct {
+		name  string
+		addrs func(t *testing.T) string
+	}{
+		{"redis", func(t *testing.T) string { return redistest.Start(t).Addr }},
+		{"cluster", func(t *testing.T) string { return strings.Join(redistest.StartCluster(t, 3).Addrs, " ") }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := globalOptions
+			addrs := c.addrs(t)
+			for i := 1; i <= 3; i++ {
+				cfg += fmt.Sprintf(`
 	http://localhost:908%d {
 		rate_limit {
 			zone plans {
@@ -155,24 +167,44 @@ func TestTiersExactAcrossThreeInstances(t *testing.T) {
 			}
 		}
 		respond "ok"
-	}`, i, strings.Join(cluster.Addrs, " "), 16+i)
-	}
-	tester := caddytest.NewTester(t)
-	tester.InitServer(cfg, "caddyfile")
-	admitted := 0
-	for i := 0; i < 90; i++ {
-		req := fmt.Sprintf("http://localhost:908%d/", 1+i%3)
-		resp, err := tester.Client.Do(mustRequest(t, req, "X-Client: c1", "X-Plan: gold"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode == 200 {
-			admitted++
-		}
-	}
-	if admitted != 40 {
-		t.Errorf("gold admitted %d of 90 across three instances, want 40", admitted)
+	}`, i, addrs, 16+i)
+			}
+			tester := caddytest.NewTester(t)
+			tester.InitServer(cfg, "caddyfile")
+			for _, w := range []struct {
+				client, plan string
+				want         int64
+			}{{"c-gold", "gold", 40}, {"c-basic", "basic", 1}} {
+				var admitted, other atomic.Int64
+				var wg sync.WaitGroup
+				for g := 0; g < 24; g++ {
+					wg.Add(1)
+					go func(g int) {
+						defer wg.Done()
+						for i := 0; i < 8; i++ {
+							url := fmt.Sprintf("http://localhost:908%d/", 1+(g+i)%3)
+							resp, err := tester.Client.Do(mustRequest(t, url, "X-Client: "+w.client, "X-Plan: "+w.plan))
+							if err != nil {
+								other.Add(1)
+								continue
+							}
+							resp.Body.Close()
+							switch resp.StatusCode {
+							case 200:
+								admitted.Add(1)
+							case 429:
+							default:
+								other.Add(1)
+							}
+						}
+					}(g)
+				}
+				wg.Wait()
+				if admitted.Load() != w.want || other.Load() != 0 {
+					t.Errorf("%s: admitted %d of 192 across three instances at once, want %d (%d errors)", w.plan, admitted.Load(), w.want, other.Load())
+				}
+			}
+		})
 	}
 }
 
