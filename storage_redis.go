@@ -80,10 +80,11 @@ type RedisStorage struct {
 	// stay exact. Off, each decision is its own round trip.
 	Pipeline string `json:"pipeline,omitempty"`
 
-	client  *pooledRedis
-	poolKey string
-	timeout time.Duration
-	logger  *zap.Logger
+	client    *pooledRedis
+	poolKey   string
+	timeout   time.Duration
+	deadlines *sharedDeadlines // for decisions: one timer per millisecond
+	logger    *zap.Logger
 }
 
 // RedisTLS configures TLS to Redis.
@@ -133,6 +134,7 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	if r.timeout == 0 {
 		r.timeout = DefaultRedisTimeout
 	}
+	r.deadlines = new(sharedDeadlines)
 	prefix := redisstore.DefaultPrefix
 	if r.KeyPrefix != nil {
 		prefix = *r.KeyPrefix
@@ -446,12 +448,10 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 		}
 		reqs = append(reqs, redisstore.Request{Zone: lim.inner, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun, Strike: res.strike})
 	}
-	c, cancel := context.WithTimeout(ctx, r.timeout)
 	// Redis decides by its own clock; the store's deny cache times its
 	// entries by this instance's monotonic one (the handler's now may be
 	// a test's fake clock).
-	ds, rejected, err := r.client.store.TakeAll(c, monotonicMicros(), reqs)
-	cancel()
+	ds, rejected, err := r.client.store.TakeAll(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
 	h.observe(ctx, err)
 	if err != nil {
 		return -1, err

@@ -8,11 +8,17 @@
 # redis-server on a free loopback port, and reports requests/s per route,
 # the ratios, and how many scripts Redis ran for the hot key's rejections.
 #
-# Usage: scripts/bench_http.sh [seconds per route, default 10] [connections, default 64]
+# Usage: scripts/bench_http.sh [seconds per route, default 10] [connections, default 64] [rounds, default 1]
+#
+# With several rounds, every route runs once per round, in turn, and the
+# medians of each round's ratios are printed last: on shared cores the
+# throughput drifts from minute to minute, and a ratio within one round
+# compares routes measured seconds apart.
 # Needs Go, wrk and redis-server (apt-get install wrk redis-server).
 set -euo pipefail
 secs=${1:-10}
 conns=${2:-64}
+rounds=${3:-1}
 cd "$(dirname "$0")/.."
 for bin in wrk redis-server redis-cli; do
 	command -v "$bin" >/dev/null || { echo "$bin not installed: apt-get install wrk redis-server" >&2; exit 1; }
@@ -115,24 +121,35 @@ run() { # route script -> requests/s
 curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/memory-hot" >/dev/null
 curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/redis-hot" >/dev/null
 run bare keys.lua >/dev/null # warm up
-bare=$(run bare keys.lua)
-mem=$(run memory keys.lua)
-red=$(run redis keys.lua)
-bare2=$(run bare hot.lua)
-before=$(redis-cli -p "$rport" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {n += $3} END {print n+0}')
-memhot=$(run memory-hot hot.lua)
-redhot=$(run redis-hot hot.lua)
-after=$(redis-cli -p "$rport" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {n += $3} END {print n+0}')
-rejected=$(python3 -c "print(int(float('$redhot') * $secs))")
-
+scripts() { redis-cli -p "$rport" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {n += $3} END {print n+0}'; }
 ratio() { python3 -c "print(f'{float(\"$1\")/float(\"$2\"):.2f}')"; }
-echo "wrk -c$conns, ${secs}s per route, one Caddy, redis-server on 127.0.0.1:$rport"
-printf "%-34s %12s %8s\n" route requests/s ratio
-printf "%-34s %12s %8s\n" "bare respond (10,000 keys)" "$bare" 1.00
-printf "%-34s %12s %8s\n" "memory zone, allowed (ietf)" "$mem" "$(ratio "$mem" "$bare")"
-printf "%-34s %12s %8s\n" "redis zone, allowed (ietf)" "$red" "$(ratio "$red" "$bare")"
-printf "%-34s %12s %8s\n" "bare respond (hot key)" "$bare2" 1.00
-printf "%-34s %12s %8s\n" "memory zone, hot key rejected" "$memhot" "$(ratio "$memhot" "$bare2")"
-printf "%-34s %12s %8s\n" "redis zone, hot key rejected" "$redhot" "$(ratio "$redhot" "$bare2")"
-echo "redis vs memory, allowed: $(ratio "$red" "$mem"); rejected: $(ratio "$redhot" "$memhot")"
-echo "scripts Redis ran for about $rejected hot-key rejections: $((after - before))"
+median() { python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.2f}')" "$@"; }
+echo "wrk -c$conns, ${secs}s per route, one Caddy, redis-server on 127.0.0.1:$rport, $rounds round(s)"
+r_mem=() r_red=() r_memhot=() r_redhot=() ran=0 rejected=0
+for round in $(seq "$rounds"); do
+	bare=$(run bare keys.lua)
+	mem=$(run memory keys.lua)
+	red=$(run redis keys.lua)
+	bare2=$(run bare hot.lua)
+	memhot=$(run memory-hot hot.lua)
+	before=$(scripts)
+	redhot=$(run redis-hot hot.lua)
+	ran=$((ran + $(scripts) - before))
+	rejected=$(python3 -c "print($rejected + int(float('$redhot') * $secs))")
+	r_mem+=("$(ratio "$mem" "$bare")") r_red+=("$(ratio "$red" "$mem")")
+	r_memhot+=("$(ratio "$memhot" "$bare2")") r_redhot+=("$(ratio "$redhot" "$memhot")")
+	echo "round $round"
+	printf "  %-34s %12s %8s\n" route requests/s ratio
+	printf "  %-34s %12s %8s\n" "bare respond (10,000 keys)" "$bare" 1.00
+	printf "  %-34s %12s %8s\n" "memory zone, allowed (ietf)" "$mem" "$(ratio "$mem" "$bare")"
+	printf "  %-34s %12s %8s\n" "redis zone, allowed (ietf)" "$red" "$(ratio "$red" "$bare")"
+	printf "  %-34s %12s %8s\n" "bare respond (hot key)" "$bare2" 1.00
+	printf "  %-34s %12s %8s\n" "memory zone, hot key rejected" "$memhot" "$(ratio "$memhot" "$bare2")"
+	printf "  %-34s %12s %8s\n" "redis zone, hot key rejected" "$redhot" "$(ratio "$redhot" "$bare2")"
+done
+echo "medians over $rounds round(s):"
+echo "  memory allowed / bare:      $(median "${r_mem[@]}")"
+echo "  redis allowed / memory:     $(median "${r_red[@]}")"
+echo "  memory rejected / bare:     $(median "${r_memhot[@]}")"
+echo "  redis rejected / memory:    $(median "${r_redhot[@]}")"
+echo "scripts Redis ran for about $rejected hot-key rejections: $ran"
