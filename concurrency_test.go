@@ -181,13 +181,19 @@ func TestConcurrencyThroughCaddy(t *testing.T) {
 				t.Errorf("in_flight %d, want 2", n)
 			}
 
-			up.release <- struct{}{} // one request ends
-			<-dones[0]
+			up.release <- struct{}{} // one request ends: whichever the upstream releases
+			var other <-chan struct{}
+			select {
+			case <-dones[0]:
+				other = dones[1]
+			case <-dones[1]:
+				other = dones[0]
+			}
 			waitFor(t, "the slot back", func() bool { return inFlight(t, "dl", key) == 1 })
 			resp, _ = get(t, tester, "/fast", "X-Client: "+key)
 			check(t, "after one ended", resp, "", want{200, map[string]string{"RateLimit": `"dl";r=0;t=1`}, ""})
 			up.release <- struct{}{}
-			<-dones[1]
+			<-other
 			waitFor(t, "every slot back", func() bool { return inFlight(t, "dl", key) == 0 })
 		})
 	}
