@@ -517,7 +517,7 @@ func TestGuardsExactAcrossThreeInstances(t *testing.T) {
 			if m := up.maxHeld.Load(); m > 3 {
 				t.Errorf("%d requests of one key in flight at once across the instances, want at most 3", m)
 			}
-			if admitted.Load() < 50 || rejected.Load() == 0 || other.Load() != 0 {
+			if admitted.Load() < 20 || rejected.Load() == 0 || other.Load() != 0 {
 				t.Errorf("admitted %d, rejected %d, other %d: want plenty admitted, some rejected, no errors", admitted.Load(), rejected.Load(), other.Load())
 			}
 
