@@ -110,7 +110,6 @@ const (
 
 // redisFailure classifies a call's error; parent is the caller's context.
 func redisFailure(parent context.Context, err error) evidence {
-	var opErr *net.OpError
 	switch {
 	case err == nil, errors.Is(err, goredis.Nil):
 		return answered
@@ -123,10 +122,18 @@ func redisFailure(parent context.Context, err error) evidence {
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, syscall.EPIPE), errors.Is(err, io.EOF),
 		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, goredis.ErrClosed),
-		errors.As(err, &opErr) && opErr.Op == "dial" && !opErr.Timeout():
+		dialRefused(err):
 		return down
 	}
 	return weakEvidence
+}
+
+// dialRefused reports whether err is a dial that failed other than by a
+// timeout. (Its own function: the target of errors.As escapes to the heap,
+// which would cost every decision an allocation, answered or not.)
+func dialRefused(err error) bool {
+	var opErr *net.OpError
+	return errors.As(err, &opErr) && opErr.Op == "dial" && !opErr.Timeout()
 }
 
 // redisLog takes go-redis's own log lines (one per failed dial, for
