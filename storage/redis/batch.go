@@ -11,17 +11,56 @@ import (
 )
 
 // runner runs one script call and returns its integer reply: directly, one
-// round trip each, or through a batcher that shares round trips.
+// round trip each, or through a batcher that shares round trips. args is
+// the whole EVALSHA command, as evalArgs starts it: "evalsha", the
+// script's hash, the number of keys, the keys, the script's arguments.
 type runner interface {
-	run(ctx context.Context, script *goredis.Script, keys []string, args []any) ([]int64, error)
+	run(ctx context.Context, sc *script, args []any) ([]int64, error)
 }
 
-// direct runs each script call on its own round trip (Script.Run:
-// EVALSHA, EVAL on NOSCRIPT).
+// evalArgs returns an EVALSHA command of sc with nkeys keys (boxed once)
+// and room for n more keys and arguments, which the caller appends.
+func evalArgs(sc *script, nkeys int, n int) []any {
+	args := make([]any, 3, 3+n)
+	args[0], args[1] = "evalsha", sc.hash
+	if nkeys == 1 {
+		args[2] = oneKey
+	} else {
+		args[2] = nkeys
+	}
+	return args
+}
+
+// oneKey is the key count of a one-key script, boxed once.
+var oneKey any = "1"
+
+// withSource returns an EVALSHA command as EVAL of the script's source,
+// for a server that does not have the script yet (NOSCRIPT).
+func withSource(sc *script, args []any) []any {
+	eval := append([]any{"eval", sc.src}, args[2:]...)
+	return eval
+}
+
+// noScript reports whether err is Redis's NOSCRIPT.
+func noScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// direct runs each script call on its own round trip: EVALSHA, and EVAL
+// on NOSCRIPT, as go-redis's Script.Run does. The reply is read straight
+// into integers (an IntSliceCmd), without go-redis's generic reply values.
 type direct struct{ client Client }
 
-func (d direct) run(ctx context.Context, script *goredis.Script, keys []string, args []any) ([]int64, error) {
-	return script.Run(ctx, d.client, keys, args...).Int64Slice()
+func (d direct) run(ctx context.Context, sc *script, args []any) ([]int64, error) {
+	cmd := goredis.NewIntSliceCmd(ctx, args...)
+	_ = d.client.Process(ctx, cmd)
+	v, err := cmd.Result()
+	if noScript(err) {
+		cmd = goredis.NewIntSliceCmd(ctx, withSource(sc, args)...)
+		_ = d.client.Process(ctx, cmd)
+		v, err = cmd.Result()
+	}
+	return v, err
 }
 
 // Pipeliner is what a batcher needs of a client: pipelines. A
@@ -32,19 +71,27 @@ type Pipeliner interface {
 }
 
 // batcher shares network round trips among concurrent script calls: calls
-// that arrive while its workers are busy wait in a queue, and a free worker
-// sends all of them (up to maxBatch) as one pipeline. Each call is still
-// one script, run atomically on the server by the server's clock, so
+// wait in a queue, and a dispatcher gathers them into batches that its
+// senders send, each as one pipeline (up to maxBatch calls). Each call is
+// still one script, run atomically on the server by the server's clock, so
 // batching changes no decision; it only saves the round trips and the
-// server's reads and writes per call. A lone call goes at once, alone.
+// server's reads and writes per call.
+//
+// A call made while no other is in flight has no one to share a round trip
+// with: it runs directly, as without a batcher, and costs no hand-off (a
+// lone caller's latency is that of an unbatched call). When no batch is in
+// flight, the calls queued go at once. While one is, the dispatcher holds
+// the calls that arrive until that batch returns or shareBatch of them are
+// waiting, whichever comes first: a call waits no longer than behind a
+// single sender, and the calls that arrive meanwhile share its round trip,
+// which saves this instance and the server a network write and read for
+// each of them. Batches run side by side only when calls come faster than
+// one batch at a time serves them (a slow or distant server, or many
+// callers), and then up to batchSenders at once.
 //
 // A call's context bounds its wait: a caller whose deadline passes returns
 // at once, though its script may still run when its batch goes out (as a
 // script whose reply was lost may have run).
-//
-// A call made while no other is in flight has no one to share a round trip
-// with: it runs directly, as without a batcher, and costs no hand-off to a
-// worker (a lone caller's latency is that of an unbatched call).
 type batcher struct {
 	client interface {
 		Client
@@ -52,7 +99,9 @@ type batcher struct {
 	}
 	inflight atomic.Int64 // calls in run
 	calls    chan *call
-	maxBatch int
+	batches  chan []*call  // from the dispatcher to the senders
+	landed   chan struct{} // from the senders: a batch has returned
+	sent     atomic.Int64  // batches sent (read by tests)
 	stop     chan struct{}
 	stopped  sync.WaitGroup
 	once     sync.Once
@@ -60,36 +109,60 @@ type batcher struct {
 
 // call is one script call waiting for its batch.
 type call struct {
-	ctx    context.Context
-	script *goredis.Script
-	keys   []string
-	args   []any
-	v      []int64
-	err    error
-	done   chan struct{}
+	ctx  context.Context
+	sc   *script
+	args []any // the EVALSHA command (see runner)
+	v    []int64
+	err  error
+	done chan struct{} // one send when v and err are set (buffered: never blocks)
 }
 
-// batchWorkers is how many batches may be in flight at once; maxBatch how
-// many calls one carries.
+// calls recycles the calls whose callers took their replies: a call whose
+// caller went away may still be in a queue or a batch, and is left to the
+// garbage collector.
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// finish hands c its reply.
+func (c *call) finish() { c.done <- struct{}{} }
+
+// fail finishes every call of batch with err.
+func fail(batch []*call, err error) {
+	for _, c := range batch {
+		c.err = err
+		c.finish()
+	}
+}
+
+// batchSenders is how many batches may be in flight at once; maxBatch how
+// many calls one carries; shareBatch how many calls go at once while
+// another batch is in flight.
 const (
-	batchWorkers = 4
+	batchSenders = 4
 	maxBatch     = 128
+	shareBatch   = 16
 )
 
-// newBatcher starts a batcher's workers; close stops them.
+// newBatcher starts a batcher's dispatcher and senders; close stops them.
 func newBatcher(client interface {
 	Client
 	Pipeliner
 }) *batcher {
-	b := &batcher{client: client, calls: make(chan *call, 4*maxBatch), maxBatch: maxBatch, stop: make(chan struct{})}
-	for range batchWorkers {
-		b.stopped.Add(1)
-		go b.work()
+	b := &batcher{
+		client:  client,
+		calls:   make(chan *call, 4*maxBatch),
+		batches: make(chan []*call),
+		landed:  make(chan struct{}, batchSenders),
+		stop:    make(chan struct{}),
+	}
+	b.stopped.Add(1 + batchSenders)
+	go b.dispatch()
+	for range batchSenders {
+		go b.sender()
 	}
 	return b
 }
 
-func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string, args []any) ([]int64, error) {
+func (b *batcher) run(ctx context.Context, sc *script, args []any) ([]int64, error) {
 	select {
 	case <-b.stop:
 		return nil, goredis.ErrClosed
@@ -97,9 +170,10 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 	}
 	defer b.inflight.Add(-1)
 	if b.inflight.Add(1) == 1 {
-		return direct{b.client}.run(ctx, script, keys, args)
+		return direct{b.client}.run(ctx, sc, args)
 	}
-	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+	c := calls.Get().(*call)
+	c.ctx, c.sc, c.args = ctx, sc, args
 	select {
 	case b.calls <- c:
 	case <-ctx.Done():
@@ -109,17 +183,21 @@ func (b *batcher) run(ctx context.Context, script *goredis.Script, keys []string
 	}
 	select {
 	case <-c.done:
-		return c.v, c.err
+		v, err := c.v, c.err
+		*c = call{done: c.done}
+		calls.Put(c)
+		return v, err
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-b.stop:
-		// Closed: the workers are gone, or going, and a call queued
+		// Closed: the senders are gone, or going, and a call queued
 		// after close drained the queue would wait forever.
 		return nil, goredis.ErrClosed
 	}
 }
 
-// close stops the workers; calls still queued fail with ErrClosed.
+// close stops the dispatcher and the senders (a batch being sent is
+// finished first); calls still queued fail with ErrClosed.
 func (b *batcher) close() {
 	b.once.Do(func() {
 		close(b.stop)
@@ -127,8 +205,7 @@ func (b *batcher) close() {
 		for {
 			select {
 			case c := <-b.calls:
-				c.err = goredis.ErrClosed
-				close(c.done)
+				fail([]*call{c}, goredis.ErrClosed)
 			default:
 				return
 			}
@@ -136,27 +213,72 @@ func (b *batcher) close() {
 	})
 }
 
-func (b *batcher) work() {
+// dispatch gathers the queued calls into batches and hands them to the
+// senders, as the batcher's comment describes.
+func (b *batcher) dispatch() {
 	defer b.stopped.Done()
-	batch := make([]*call, 0, b.maxBatch)
+	flying := 0 // batches handed to the senders that have not returned
+	for {
+		var batch []*call
+		select {
+		case <-b.stop:
+			return
+		case <-b.landed:
+			flying--
+			continue
+		case c := <-b.calls:
+			batch = b.drain(append(make([]*call, 0, 8), c))
+		}
+		for (flying > 0 && len(batch) < shareBatch) || flying == batchSenders {
+			more := b.calls
+			if len(batch) == maxBatch {
+				more = nil // full: wait for a sender only
+			}
+			select {
+			case <-b.stop:
+				fail(batch, goredis.ErrClosed)
+				return
+			case <-b.landed:
+				flying--
+			case c := <-more:
+				batch = b.drain(append(batch, c))
+			}
+		}
+		select {
+		case <-b.stop:
+			fail(batch, goredis.ErrClosed)
+			return
+		case b.batches <- batch:
+			flying++
+		}
+	}
+}
+
+// drain appends the calls queued, up to maxBatch, without waiting.
+func (b *batcher) drain(batch []*call) []*call {
+	for len(batch) < maxBatch {
+		select {
+		case c := <-b.calls:
+			batch = append(batch, c)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// sender sends the batches the dispatcher hands it, one at a time.
+func (b *batcher) sender() {
+	defer b.stopped.Done()
 	for {
 		select {
 		case <-b.stop:
 			return
-		case c := <-b.calls:
-			batch = append(batch[:0], c)
+		case batch := <-b.batches:
+			b.sent.Add(1)
+			b.send(batch)
+			b.landed <- struct{}{} // buffered for every sender: never blocks
 		}
-	more:
-		for len(batch) < b.maxBatch {
-			select {
-			case c := <-b.calls:
-				batch = append(batch, c)
-			default:
-				break more
-			}
-		}
-		b.send(batch)
-		clear(batch)
 	}
 }
 
@@ -171,7 +293,7 @@ func (b *batcher) send(batch []*call) {
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			c.err = err
-			close(c.done)
+			c.finish()
 			continue
 		}
 		if dl, ok := c.ctx.Deadline(); !ok {
@@ -190,36 +312,34 @@ func (b *batcher) send(batch []*call) {
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
-	cmds := b.pipeline(ctx, live, func(p goredis.Pipeliner, c *call) *goredis.Cmd {
-		return c.script.EvalSha(ctx, p, c.keys, c.args...)
-	})
+	cmds := b.pipeline(ctx, live, func(c *call) []any { return c.args })
 	var missing []*call
 	for i, c := range live {
-		c.v, c.err = cmds[i].Int64Slice()
-		if c.err != nil && strings.HasPrefix(c.err.Error(), "NOSCRIPT") {
+		c.v, c.err = cmds[i].Result()
+		if noScript(c.err) {
 			missing = append(missing, c)
 			continue
 		}
-		close(c.done)
+		c.finish()
 	}
 	if len(missing) == 0 {
 		return
 	}
-	cmds = b.pipeline(ctx, missing, func(p goredis.Pipeliner, c *call) *goredis.Cmd {
-		return c.script.Eval(ctx, p, c.keys, c.args...)
-	})
+	cmds = b.pipeline(ctx, missing, func(c *call) []any { return withSource(c.sc, c.args) })
 	for i, c := range missing {
-		c.v, c.err = cmds[i].Int64Slice()
-		close(c.done)
+		c.v, c.err = cmds[i].Result()
+		c.finish()
 	}
 }
 
-// pipeline queues one command per call and sends them.
-func (b *batcher) pipeline(ctx context.Context, calls []*call, cmd func(goredis.Pipeliner, *call) *goredis.Cmd) []*goredis.Cmd {
+// pipeline queues one command per call (args returns its arguments) and
+// sends them.
+func (b *batcher) pipeline(ctx context.Context, calls []*call, args func(*call) []any) []*goredis.IntSliceCmd {
 	p := b.client.Pipeline()
-	cmds := make([]*goredis.Cmd, len(calls))
+	cmds := make([]*goredis.IntSliceCmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = cmd(p, c)
+		cmds[i] = goredis.NewIntSliceCmd(ctx, args(c)...)
+		_ = p.Process(ctx, cmds[i])
 	}
 	_, _ = p.Exec(ctx) // each command carries its own error
 	return cmds

@@ -100,3 +100,67 @@ func TestPipelinedDeadlines(t *testing.T) {
 		t.Fatal("take on a closed pipelined store succeeded, want an error")
 	}
 }
+
+// TestBatchesWaitForTheBatchInFlight: calls that arrive while a batch is in
+// flight go out together when it returns (one more pipeline, not one
+// each), and they go then, although fewer than shareBatch are waiting.
+func TestBatchesWaitForTheBatchInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	s := NewPipelined(srv.Client(), DefaultPrefix)
+	defer s.Close()
+	b := s.batch
+	zl := zoneOf(s, "share", mustLimit(t, algorithms.TokenBucket, 100, time.Second, 0, 0))
+	if _, err := zl.Take(context.Background(), "warm", 0, algorithms.Milli); err != nil {
+		t.Fatal(err) // loads the script: no EVAL retry below
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	const waiting = 5 // fewer than shareBatch
+	errs := make(chan error, 2+waiting)
+	take := func(key string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d, err := zl.Take(ctx, key, 0, algorithms.Milli)
+		if err == nil && !d.Allowed {
+			err = fmt.Errorf("take %s: rejected", key)
+		}
+		errs <- err
+	}
+	go take("direct") // alone: direct, no batch
+	waitFor("the direct call", func() bool { return b.inflight.Load() == 1 })
+	go take("first") // a batch of its own, sent at once
+	waitFor("the first batch", func() bool { return b.sent.Load() == 1 })
+	for i := range waiting {
+		go take(fmt.Sprint("later-", i))
+	}
+	waitFor("the later calls to reach the dispatcher", func() bool {
+		return b.inflight.Load() == 2+waiting && len(b.calls) == 0
+	})
+	time.Sleep(20 * time.Millisecond) // a sender that would send them now has time to
+	if n := b.sent.Load(); n != 1 {
+		t.Fatalf("%d batches sent while the first was in flight, want 1", n)
+	}
+	srv.Resume()
+	resumed = true
+	for range 2 + waiting {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := b.sent.Load(); n != 2 {
+		t.Errorf("%d batches sent, want 2: the first, and the %d calls that waited for it", n, waiting)
+	}
+}

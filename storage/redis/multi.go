@@ -78,25 +78,28 @@ var (
 // back expires with its key); the caller may decide zone by zone instead.
 // A deadline of ctx bounds the decision; giving back gets as long again.
 func (s *Store) TakeAll(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, err error) {
-	if s.deny != nil && len(reqs) > 0 {
-		return s.takeCached(ctx, now, reqs)
+	if len(reqs) == 0 {
+		return nil, -1, nil
 	}
-	return s.takeAll(ctx, now, reqs)
-}
-
-// takeCached is TakeAll with a deny cache: a request the cache answers
-// costs no round trip, and a request Redis rejects is remembered.
-func (s *Store) takeCached(ctx context.Context, now int64, reqs []Request) ([]algorithms.Decision, int, error) {
-	s.listen()
 	parts, err := s.parts(reqs)
 	if err != nil {
 		return nil, -1, fmt.Errorf("redis store: take all: %w", err)
 	}
-	ds := make([]algorithms.Decision, len(reqs))
+	if s.deny != nil {
+		return s.takeCached(ctx, now, parts)
+	}
+	return s.takeAll(ctx, now, parts)
+}
+
+// takeCached is takeAll with a deny cache: a request the cache answers
+// costs no round trip, and a request Redis rejects is remembered.
+func (s *Store) takeCached(ctx context.Context, now int64, parts []part) ([]algorithms.Decision, int, error) {
+	s.listen()
+	ds := make([]algorithms.Decision, len(parts))
 	if s.deny.lookup(now, parts, ds) {
 		return ds, firstRejecting(parts, ds), nil
 	}
-	ds, rejected, err := s.takeAll(ctx, now, reqs)
+	ds, rejected, err := s.takeAll(ctx, now, parts)
 	if err == nil && rejected >= 0 && cacheable(parts, ds) {
 		s.deny.store(now, parts, ds)
 	}
@@ -131,30 +134,23 @@ func firstRejecting(parts []part, ds []algorithms.Decision) int {
 	return -1
 }
 
-func (s *Store) takeAll(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, err error) {
-	switch len(reqs) {
-	case 0:
-		return nil, -1, nil
-	case 1:
-		r := &reqs[0]
-		z, err := s.own(r.Zone)
-		if err != nil {
-			return nil, -1, fmt.Errorf("redis store: take all: %w", err)
+func (s *Store) takeAll(ctx context.Context, now int64, parts []part) (ds []algorithms.Decision, rejected int, err error) {
+	if len(parts) == 1 {
+		// One zone: its one-key script, as its Take runs it.
+		p := &parts[0]
+		op := opTake
+		if p.op == opCheckNever {
+			op = opReject
 		}
-		d, err := z.Take(ctx, r.Key, now, r.Cost)
+		d, _, err := p.z.runKey(ctx, op, p.key, now, p.x, algorithms.Decision{})
 		if err != nil {
-			return nil, -1, err
+			return nil, -1, fmt.Errorf("redis store: take %q: %w", p.z.name, err)
 		}
 		rejected = -1
-		if !d.Allowed && !r.DryRun {
+		if !d.Allowed && p.block {
 			rejected = 0
 		}
 		return []algorithms.Decision{d}, rejected, nil
-	}
-
-	parts, err := s.parts(reqs)
-	if err != nil {
-		return nil, -1, fmt.Errorf("redis store: take all: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, -1, fmt.Errorf("redis store: take all: %w", err)
@@ -164,7 +160,7 @@ func (s *Store) takeAll(ctx context.Context, now int64, reqs []Request) (ds []al
 	if dl, ok := ctx.Deadline(); ok && len(groups) > 1 {
 		budget = time.Until(dl)
 	}
-	ds = make([]algorithms.Decision, len(reqs))
+	ds = make([]algorithms.Decision, len(parts))
 	for gi, g := range groups {
 		if err := s.runGroup(ctx, multiDecide, now, parts, g, ds); err != nil {
 			err = fmt.Errorf("redis store: take all: %w", err)
@@ -314,12 +310,13 @@ func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, par
 // group g, and stores their decisions in ds (a part that gives back reads
 // there the decision that charged it).
 func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []part, g []int, ds []algorithms.Decision) error {
-	keys := make([]string, len(g))
-	args := make([]any, 0, 3+11*len(g))
-	args = append(args, what, s.clock(now), s.ttlSlack)
-	for k, i := range g {
+	args := evalArgs(multiScript, len(g), len(g)+3+11*len(g))
+	for _, i := range g {
+		args = append(args, parts[i].key)
+	}
+	args = append(args, word(what), s.clock(now), s.ttlSlack)
+	for _, i := range g {
 		p := &parts[i]
-		keys[k] = p.key
 		block := "0"
 		if p.block {
 			block = "1"
@@ -328,11 +325,11 @@ func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []pa
 		if p.op == opUndo {
 			ta, tr = ds[i].At, ds[i].Reset
 		}
-		args = append(args, p.op, p.x, block, ta, tr)
+		args = append(args, word(p.op), p.x, word(block), ta, tr)
 		args = append(args, p.z.consts...)
 		args = append(args, groupIndex(g, p.strike-1)+1)
 	}
-	v, err := s.run.run(ctx, multiScript, keys, args)
+	v, err := s.run.run(ctx, multiScript, args)
 	if err == nil && len(v) != 6*len(g) {
 		err = fmt.Errorf("%w: %v", errReply, v)
 	}

@@ -1,11 +1,11 @@
 package redis
 
 import (
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"math/rand/v2"
 	"strconv"
-
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 )
@@ -33,15 +33,44 @@ var (
 	multiLua string
 )
 
+// script is a Lua script as the store runs it: EVALSHA by its hash, EVAL
+// of its source when the server does not have it yet.
+type script struct {
+	src  string
+	hash any // hex SHA1 of src, boxed once for EVALSHA's arguments
+}
+
+func newScript(src string) *script {
+	h := sha1.Sum([]byte(src))
+	return &script{src: src, hash: hex.EncodeToString(h[:])}
+}
+
+// word returns a script argument as an interface value, and a
+// one-byte one (an op, a flag) without allocating: those are boxed once.
+// (Boxing a string that is not a constant allocates.)
+func word(s string) any {
+	if len(s) == 1 {
+		return oneByte[s[0]]
+	}
+	return s
+}
+
+var oneByte = func() (b [256]any) {
+	for i := range b {
+		b[i] = string([]byte{byte(i)})
+	}
+	return b
+}()
+
 // scripts holds each algorithm's one-key script: common.lua, the
 // algorithm's file and single.lua. The script of an unknown kind is nil;
 // Zone then fails every call.
-var scripts = func() map[algorithms.Kind]*goredis.Script {
-	one := func(alg string) *goredis.Script {
-		return goredis.NewScript(commonLua + alg + singleLua)
+var scripts = func() map[algorithms.Kind]*script {
+	one := func(alg string) *script {
+		return newScript(commonLua + alg + singleLua)
 	}
 	bucket := one(bucketLua)
-	return map[algorithms.Kind]*goredis.Script{
+	return map[algorithms.Kind]*script{
 		algorithms.TokenBucket:   bucket,
 		algorithms.LeakyBucket:   bucket,
 		algorithms.GCRA:          one(bucketLua + gcraLua), // gcra meters as the bucket does
@@ -55,7 +84,7 @@ var scripts = func() map[algorithms.Kind]*goredis.Script {
 
 // multiScript decides one request against several zones' keys in one slot
 // (TakeAll): common.lua, every algorithm's file and multi.lua.
-var multiScript = goredis.NewScript(commonLua + bucketLua + gcraLua +
+var multiScript = newScript(commonLua + bucketLua + gcraLua +
 	fixedWindowLua + slidingWindowLua + slidingLogLua + concurrencyLua + banLua + multiLua)
 
 // The ops of a decision function; see common.lua.

@@ -48,7 +48,8 @@ import (
 // DefaultPrefix is the key prefix of the contract's default configuration.
 const DefaultPrefix = "tollgate:"
 
-// Client is the part of a go-redis client the store uses: scripts, and DEL
+// Client is the part of a go-redis client the store uses: Process, which
+// runs its scripts (EVALSHA, and EVAL when the server lacks one), and DEL
 // for Reset. *goredis.Client, *goredis.ClusterClient, *goredis.Ring and
 // goredis.UniversalClient satisfy it.
 //
@@ -56,7 +57,7 @@ const DefaultPrefix = "tollgate:"
 // with ContextTimeoutEnabled set, or go-redis applies its own read and write
 // timeouts instead of the context's deadline.
 type Client interface {
-	goredis.Scripter
+	Process(ctx context.Context, cmd goredis.Cmder) error
 	Del(ctx context.Context, keys ...string) *goredis.IntCmd
 }
 

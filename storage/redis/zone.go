@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
 )
@@ -16,7 +14,7 @@ type zone struct {
 	store  *Store
 	name   string
 	limit  algorithms.Limit
-	script *goredis.Script
+	script *script
 	tail   string // what follows the hash tag in the zone's keys (keyTail)
 	consts []any  // the algorithm's code and constants (see constants)
 }
@@ -114,16 +112,21 @@ func (z *zone) Reset(ctx context.Context, key string) (bool, error) {
 // an undo, the decision taken). ok is false when the script reports a key
 // that does not exist (peek only).
 func (z *zone) run(ctx context.Context, op, key string, now, x int64, taken algorithms.Decision) (d algorithms.Decision, ok bool, err error) {
+	return z.runKey(ctx, op, z.store.key(key, z.tail), now, x, taken)
+}
+
+// runKey is run on the Redis key rkey (z.store.key of the resolved key).
+func (z *zone) runKey(ctx context.Context, op, rkey string, now, x int64, taken algorithms.Decision) (d algorithms.Decision, ok bool, err error) {
 	if z.script == nil {
 		return d, false, fmt.Errorf("unknown algorithm %s", z.limit.Kind)
 	}
 	if err := ctx.Err(); err != nil {
 		return d, false, err
 	}
-	args := make([]any, 0, 6+len(z.consts))
-	args = append(args, op, z.store.clock(now), z.store.ttlSlack, x, taken.At, taken.Reset)
+	args := evalArgs(z.script, 1, 7+len(z.consts))
+	args = append(args, rkey, word(op), z.store.clock(now), z.store.ttlSlack, x, taken.At, taken.Reset)
 	args = append(args, z.consts...)
-	v, err := z.store.run.run(ctx, z.script, []string{z.store.key(key, z.tail)}, args)
+	v, err := z.store.run.run(ctx, z.script, args)
 	if err != nil {
 		return d, false, err
 	}
