@@ -4,7 +4,10 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -140,6 +143,54 @@ func TestAllowedPathAllocations(t *testing.T) {
 			})
 			if got != c.want {
 				t.Errorf("allocations per allowed request = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// TestAdmittedRequestGoesOnFromServeHTTP: an admitted request goes on down
+// the handler chain from ServeHTTP's small frame, with gate's (which holds
+// the request's results) gone: under Caddy's deep handler chain, the larger
+// stack made every request goroutine copy its stack again after each
+// garbage collection shrank it. A request that holds a concurrency slot
+// is sent on by admitHeld, which gives the slot back when it returns.
+func TestAdmittedRequestGoesOnFromServeHTTP(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		zone     Zone
+		fromGate bool
+	}{
+		{"rate", Zone{Events: 1000, Window: caddy.Duration(3600e9)}, false},
+		{"rate and ban", Zone{Events: 1000, Window: caddy.Duration(3600e9), Ban: caddy.Duration(3600e9)}, false},
+		{"concurrency", Zone{Events: 1000, Window: caddy.Duration(3600e9), Concurrency: 4}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			z := c.zone
+			h := &Handler{RateLimits: map[string]*Zone{"frames": &z}}
+			provisionBench(t, h)
+			var frames []string
+			next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+				pc := make([]uintptr, 64)
+				fs := runtime.CallersFrames(pc[:runtime.Callers(2, pc)])
+				for {
+					f, more := fs.Next()
+					frames = append(frames, f.Function)
+					if !more {
+						break
+					}
+				}
+				return nil
+			})
+			if err := h.ServeHTTP(&nopWriter{h: make(http.Header)}, benchRequests(1)[0], next); err != nil {
+				t.Fatal(err)
+			}
+			// frames[0] is caddyhttp.HandlerFunc's ServeHTTP.
+			if !c.fromGate && (len(frames) < 2 || !strings.HasSuffix(frames[1], "(*Handler).ServeHTTP")) {
+				t.Fatalf("next called from %v, want (*Handler).ServeHTTP", frames[:min(len(frames), 3)])
+			}
+			inGate := slices.ContainsFunc(frames, func(f string) bool { return strings.HasSuffix(f, "(*Handler).gate") })
+			if inGate != c.fromGate {
+				t.Errorf("next called with gate on the stack: %v, want %v (stack %v)", inGate, c.fromGate, frames[:min(len(frames), 4)])
 			}
 		})
 	}

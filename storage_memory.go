@@ -94,7 +94,8 @@ func takeMemory(now int64, results []result) int {
 	if len(results) == 1 {
 		// One zone, one part: no arrays for TakeAll on the stack (a
 		// request's goroutine runs deep in Caddy's handler chain, and a
-		// larger frame can make its stack grow).
+		// larger frame can make its stack grow, again after every GC
+		// shrinks it).
 		res := &results[0]
 		res.d, _ = res.z.mem.Take(context.Background(), res.key, now, res.cost)
 		res.limiter = res.z.mem
@@ -103,6 +104,15 @@ func takeMemory(now int64, results []result) int {
 		}
 		return -1
 	}
+	return takeMemoryAll(now, results)
+}
+
+// takeMemoryAll is takeMemory for several results. It is a function of its
+// own so that takeMemory's frame, on the path of every request with one
+// zone, holds none of its arrays.
+//
+//go:noinline
+func takeMemoryAll(now int64, results []result) int {
 	var rbuf [inlineZones]memory.Request
 	var dbuf [inlineZones]algorithms.Decision
 	reqs, ds := rbuf[:0], dbuf[:]
