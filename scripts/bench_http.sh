@@ -6,7 +6,8 @@
 # the same zone on Redis, and one hot key always over its limit on the
 # memory store and on Redis (the reject path). It starts its own
 # redis-server on a free loopback port, and reports requests/s per route,
-# the ratios, and how many scripts Redis ran for the hot key's rejections.
+# the ratios, how many scripts Redis ran for the hot key's rejections, and
+# the CPU time Caddy and Redis spent per request on each route.
 #
 # Usage: scripts/bench_http.sh [seconds per route, default 10] [connections, default 64] [rounds, default 1]
 #
@@ -38,6 +39,7 @@ rport=$(freeport)
 redis-server --port "$rport" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
 	--daemonize no --protected-mode no --logfile "$dir/redis.log" &
 pids+=($!)
+rpid=$!
 for _ in $(seq 50); do redis-cli -p "$rport" PING >/dev/null 2>&1 && break; sleep 0.1; done
 
 go build -o "$dir/caddy" ./cmd/caddy
@@ -102,6 +104,7 @@ http://:$hport {
 EOF
 "$dir/caddy" run --config "$dir/Caddyfile" --adapter caddyfile >"$dir/caddy.out" 2>&1 &
 pids+=($!)
+cpid=$!
 for _ in $(seq 100); do curl -s "http://127.0.0.1:$hport/bare" >/dev/null 2>&1 && break; sleep 0.1; done
 
 # 10,000 keys, one per request at random; a hot key for the reject routes.
@@ -115,8 +118,18 @@ cat >"$dir/hot.lua" <<'EOF'
 wrk.headers["X-Key"] = "hot"
 EOF
 
-run() { # route script -> requests/s
-	wrk -t2 -c"$conns" -d"${secs}s" -s "$dir/$2" "http://127.0.0.1:$hport/$1" | awk '/Requests\/sec/ {print $2}'
+# cpu prints a process's CPU time (user + system) in clock ticks.
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+# run prints a route's requests/s, and Caddy's and Redis's CPU time per
+# request in µs (process CPU time over the run, divided by its requests):
+# on shared cores the throughput drifts with the neighbours' load, the CPU
+# a request costs much less so.
+run() { # route script -> "requests/s caddy-µs redis-µs"
+	local c0 r0 rps
+	c0=$(cpu "$cpid") r0=$(cpu "$rpid")
+	rps=$(wrk -t2 -c"$conns" -d"${secs}s" -s "$dir/$2" "http://127.0.0.1:$hport/$1" | awk '/Requests\/sec/ {print $2}')
+	python3 -c "n = $rps * $secs; print('$rps', f'{($(cpu "$cpid") - $c0) * 1e6 / $hz / n:.1f}', f'{($(cpu "$rpid") - $r0) * 1e6 / $hz / n:.1f}')"
 }
 curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/memory-hot" >/dev/null
 curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/redis-hot" >/dev/null
@@ -126,26 +139,29 @@ ratio() { python3 -c "print(f'{float(\"$1\")/float(\"$2\"):.2f}')"; }
 median() { python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.2f}')" "$@"; }
 echo "wrk -c$conns, ${secs}s per route, one Caddy, redis-server on 127.0.0.1:$rport, $rounds round(s)"
 r_mem=() r_red=() r_memhot=() r_redhot=() ran=0 rejected=0
+c_bare=() c_mem=() c_red=() c_redis=()
+row() { printf "  %-34s %12s %8s %10s %10s\n" "$@"; }
 for round in $(seq "$rounds"); do
-	bare=$(run bare keys.lua)
-	mem=$(run memory keys.lua)
-	red=$(run redis keys.lua)
-	bare2=$(run bare hot.lua)
-	memhot=$(run memory-hot hot.lua)
+	read -r bare bare_c _ <<<"$(run bare keys.lua)"
+	read -r mem mem_c _ <<<"$(run memory keys.lua)"
+	read -r red red_c red_r <<<"$(run redis keys.lua)"
+	read -r bare2 bare2_c _ <<<"$(run bare hot.lua)"
+	read -r memhot memhot_c _ <<<"$(run memory-hot hot.lua)"
 	before=$(scripts)
-	redhot=$(run redis-hot hot.lua)
+	read -r redhot redhot_c redhot_r <<<"$(run redis-hot hot.lua)"
 	ran=$((ran + $(scripts) - before))
 	rejected=$(python3 -c "print($rejected + int(float('$redhot') * $secs))")
 	r_mem+=("$(ratio "$mem" "$bare")") r_red+=("$(ratio "$red" "$mem")")
 	r_memhot+=("$(ratio "$memhot" "$bare2")") r_redhot+=("$(ratio "$redhot" "$memhot")")
+	c_bare+=("$bare_c") c_mem+=("$mem_c") c_red+=("$red_c") c_redis+=("$red_r")
 	echo "round $round"
-	printf "  %-34s %12s %8s\n" route requests/s ratio
-	printf "  %-34s %12s %8s\n" "bare respond (10,000 keys)" "$bare" 1.00
-	printf "  %-34s %12s %8s\n" "memory zone, allowed (ietf)" "$mem" "$(ratio "$mem" "$bare")"
-	printf "  %-34s %12s %8s\n" "redis zone, allowed (ietf)" "$red" "$(ratio "$red" "$bare")"
-	printf "  %-34s %12s %8s\n" "bare respond (hot key)" "$bare2" 1.00
-	printf "  %-34s %12s %8s\n" "memory zone, hot key rejected" "$memhot" "$(ratio "$memhot" "$bare2")"
-	printf "  %-34s %12s %8s\n" "redis zone, hot key rejected" "$redhot" "$(ratio "$redhot" "$bare2")"
+	row route requests/s ratio "caddy µs" "redis µs"
+	row "bare respond (10,000 keys)" "$bare" 1.00 "$bare_c" -
+	row "memory zone, allowed (ietf)" "$mem" "$(ratio "$mem" "$bare")" "$mem_c" -
+	row "redis zone, allowed (ietf)" "$red" "$(ratio "$red" "$bare")" "$red_c" "$red_r"
+	row "bare respond (hot key)" "$bare2" 1.00 "$bare2_c" -
+	row "memory zone, hot key rejected" "$memhot" "$(ratio "$memhot" "$bare2")" "$memhot_c" -
+	row "redis zone, hot key rejected" "$redhot" "$(ratio "$redhot" "$bare2")" "$redhot_c" "$redhot_r"
 done
 echo "medians over $rounds round(s):"
 echo "  memory allowed / bare:      $(median "${r_mem[@]}")"
@@ -153,3 +169,5 @@ echo "  redis allowed / memory:     $(median "${r_red[@]}")"
 echo "  memory rejected / bare:     $(median "${r_memhot[@]}")"
 echo "  redis rejected / memory:    $(median "${r_redhot[@]}")"
 echo "scripts Redis ran for about $rejected hot-key rejections: $ran"
+echo "CPU per request, medians (µs of Caddy's process; Redis's for the Redis route):"
+echo "  bare: $(median "${c_bare[@]}")   memory allowed: $(median "${c_mem[@]}")   redis allowed: $(median "${c_red[@]}") + Redis $(median "${c_redis[@]}")"
