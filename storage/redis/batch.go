@@ -37,8 +37,7 @@ var oneKey any = "1"
 // withSource returns an EVALSHA command as EVAL of the script's source,
 // for a server that does not have the script yet (NOSCRIPT).
 func withSource(sc *script, args []any) []any {
-	eval := append([]any{"eval", sc.src}, args[2:]...)
-	return eval
+	return append([]any{"eval", sc.src}, args[2:]...)
 }
 
 // noScript reports whether err is Redis's NOSCRIPT.
