@@ -48,6 +48,16 @@ func TestRedisFailureEvidence(t *testing.T) {
 	}
 }
 
+// TestRedisFailureOfAnAnswerAllocatesNothing: every Redis decision is
+// classified, and an answered one must cost no allocation (the target of
+// an errors.As escaped to the heap on every call).
+func TestRedisFailureOfAnAnswerAllocatesNothing(t *testing.T) {
+	ctx := context.Background()
+	if n := testing.AllocsPerRun(100, func() { redisFailure(ctx, nil) }); n != 0 {
+		t.Errorf("redisFailure of an answered call: %v allocations, want 0", n)
+	}
+}
+
 type timeoutErr struct{}
 
 func (timeoutErr) Error() string   { return "i/o timeout" }
