@@ -50,8 +50,16 @@ func (r *result) charged() bool {
 }
 
 // inlineZones is how many applied zones a request tracks without
-// allocating.
-const inlineZones = 8
+// allocating. The handler's own array holds inlineResults: it is on the
+// stack while a rejected request's answer is written, deep in net/http,
+// and a request goroutine that outgrows 8 KiB copies its stack to a
+// larger one, again after every garbage collection shrinks it (2% of
+// Caddy's CPU under a flood of rejections). A request with more results
+// (zones, and their ban and concurrency parts) allocates.
+const (
+	inlineZones   = 8
+	inlineResults = 4
+)
 
 // ServeHTTP decides the request against every zone that applies, as one
 // step: the request goes on only if every zone admits it, and a request
@@ -77,18 +85,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // it (a rejection, an error), or sent it on itself (a request that holds
 // concurrency slots or is delayed, see admit), and err is the result.
 func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (goOn bool, err error) {
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if repl == nil {
-		repl = caddy.NewReplacer()
-	}
+	repl := replacerOf(r)
 	now := h.now()
-	var buf [inlineZones]result
+	var buf [inlineResults]result
 	results := buf[:0]
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
-				return false, caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate_limit zone %s: matching: %w", z.name, err))
+				return false, matchError(z, err)
 			}
 			if !ok {
 				continue
@@ -114,8 +119,7 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	rejected, err := h.decide(r, results, now)
 	if err != nil {
 		if results, err = h.onStoreError(results, err); err != nil {
-			w.Header().Set("Retry-After", "1")
-			return false, answer(w, r, http.StatusServiceUnavailable, err)
+			return false, unavailable(w, r, err)
 		}
 		rejected = takeMemory(now, results)
 	}
@@ -127,6 +131,31 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		return false, h.reject(w, r, repl, results, rejected, now)
 	}
 	return h.admit(w, r, repl, next, results, now)
+}
+
+// The rare paths of gate are functions of their own, kept out of its
+// frame (see inlineResults).
+
+//go:noinline
+func replacerOf(r *http.Request) *caddy.Replacer {
+	if repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); repl != nil {
+		return repl
+	}
+	return caddy.NewReplacer()
+}
+
+//go:noinline
+func matchError(z *zone, err error) error {
+	return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate_limit zone %s: matching: %w", z.name, err))
+}
+
+// unavailable answers a request that no store could decide: 503, and a
+// Retry-After of one second.
+//
+//go:noinline
+func unavailable(w http.ResponseWriter, r *http.Request, err error) error {
+	w.Header().Set("Retry-After", "1")
+	return answer(w, r, http.StatusServiceUnavailable, err)
 }
 
 // decide decides every applied zone on the handler's store as one step
@@ -377,7 +406,16 @@ func maxDelay(results []result) int64 {
 
 // logReject logs a rejection at debug level: zone, wait and client IP, and
 // the key only with log_key.
+//
+// Whether the logger takes debug lines is known from Provision on: a
+// logger that does not costs a rejection no call into zap, whose depth
+// below the handler's frames made request goroutines grow their stacks
+// (again after every garbage collection shrank them) on a flood of
+// rejections.
 func (h *Handler) logReject(r *http.Request, res *result, dryRun bool) {
+	if !h.logRejects {
+		return
+	}
 	ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded")
 	if ce == nil {
 		return

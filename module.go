@@ -82,17 +82,18 @@ type Handler struct {
 	// instances.
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 
-	zones   []*zone
-	headers headerModes
-	status  int
-	backend Backend
-	mem     *MemoryStorage // the default backend and on_storage_error local's
-	memory  bool           // the backend is the memory store
-	redis   *RedisStorage  // the backend, if it is Redis
-	bans    bool           // a zone has a ban
-	slots   bool           // a zone has concurrency slots
-	logger  *zap.Logger
-	now     func() int64 // µs since the Unix epoch: clock, at provision
+	zones      []*zone
+	headers    headerModes
+	status     int
+	backend    Backend
+	mem        *MemoryStorage // the default backend and on_storage_error local's
+	memory     bool           // the backend is the memory store
+	redis      *RedisStorage  // the backend, if it is Redis
+	bans       bool           // a zone has a ban
+	slots      bool           // a zone has concurrency slots
+	logger     *zap.Logger
+	logRejects bool         // the logger takes debug lines (see logReject)
+	now        func() int64 // µs since the Unix epoch: clock, at provision
 
 	storeSeconds prometheus.Observer // store latency; nil when metrics are off
 	stop         chan struct{}
@@ -116,6 +117,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets defaults, builds the zones and opens their limiters.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.logRejects = h.logger.Core().Enabled(zap.DebugLevel)
 	h.now = clock
 	// The checks first, so that a bad value opens no store and starts no
 	// goroutine. Caddy calls Validate again after Provision; it is cheap.
