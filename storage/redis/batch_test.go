@@ -164,3 +164,86 @@ func TestBatchesWaitForTheBatchInFlight(t *testing.T) {
 		t.Errorf("%d batches sent, want 2: the first, and the %d calls that waited for it", n, waiting)
 	}
 }
+
+// TestBatchesGoWhenShareBatchWait: while batches are in flight, shareBatch
+// waiting calls go as one more batch without waiting for them, up to
+// batchSenders batches at once; past that, calls wait for a batch to
+// return, and then all of them are answered.
+func TestBatchesGoWhenShareBatchWait(t *testing.T) {
+	srv := redistest.Start(t)
+	s := NewPipelined(srv.Client(), DefaultPrefix)
+	defer s.Close()
+	b := s.batch
+	zl := zoneOf(s, "full", mustLimit(t, algorithms.TokenBucket, 1000, time.Second, 0, 0))
+	if _, err := zl.Take(context.Background(), "warm", 0, algorithms.Milli); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	queued := func(n int) func() bool { // n callers in, their calls with the dispatcher
+		return func() bool { return b.inflight.Load() == int64(n) && len(b.calls) == 0 }
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	total := 2 + (batchSenders-1)*shareBatch + shareBatch/2
+	errs := make(chan error, total)
+	take := func(key string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d, err := zl.Take(ctx, key, 0, algorithms.Milli)
+		if err == nil && !d.Allowed {
+			err = fmt.Errorf("take %s: rejected", key)
+		}
+		errs <- err
+	}
+	go take("direct")
+	waitFor("the direct call", func() bool { return b.inflight.Load() == 1 })
+	go take("first")
+	waitFor("the first batch", func() bool { return b.sent.Load() == 1 })
+	n := 2
+	for want := 2; want <= batchSenders; want++ {
+		for range shareBatch - 1 {
+			go take(fmt.Sprint("k", n))
+			n++
+		}
+		waitFor("calls to queue", queued(n))
+		time.Sleep(10 * time.Millisecond)
+		if got := b.sent.Load(); got != int64(want-1) {
+			t.Fatalf("%d calls waiting sent batch %d early", shareBatch-1, got)
+		}
+		go take(fmt.Sprint("k", n)) // the shareBatch-th: its batch goes now
+		n++
+		waitFor(fmt.Sprintf("batch %d", want), func() bool { return b.sent.Load() == int64(want) })
+	}
+	// Every sender is busy: more calls wait, however many.
+	for n < total {
+		go take(fmt.Sprint("k", n))
+		n++
+	}
+	waitFor("the last calls to queue", queued(n))
+	time.Sleep(20 * time.Millisecond)
+	if got := b.sent.Load(); got != batchSenders {
+		t.Fatalf("%d batches sent with every sender busy, want %d", got, batchSenders)
+	}
+	srv.Resume()
+	resumed = true
+	for range total {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := b.sent.Load(); got != batchSenders+1 {
+		t.Errorf("%d batches sent, want %d: the last calls waited for a sender", got, batchSenders+1)
+	}
+}
