@@ -12,17 +12,22 @@ import (
 
 // runner runs one script call and returns its integer reply: directly, one
 // round trip each, or through a batcher that shares round trips. args is
-// the whole EVALSHA command, as evalArgs starts it: "evalsha", the
-// script's hash, the number of keys, the keys, the script's arguments.
+// the whole command, as evalArgs starts it: "evalsha" and the script's
+// hash (or "fcall" and its function's name), the number of keys, the
+// keys, the script's arguments.
 type runner interface {
 	run(ctx context.Context, sc *script, args []any) ([]int64, error)
 }
 
 // evalArgs returns an EVALSHA command of sc with nkeys keys (boxed once)
-// and room for n more keys and arguments, which the caller appends.
-func evalArgs(sc *script, nkeys int, n int) []any {
+// and room for n more keys and arguments, which the caller appends; an
+// FCALL of its function if fcall.
+func evalArgs(sc *script, fcall bool, nkeys int, n int) []any {
 	args := make([]any, 3, 3+n)
 	args[0], args[1] = "evalsha", sc.hash
+	if fcall {
+		args[0], args[1] = "fcall", sc.fn
+	}
 	if nkeys == 1 {
 		args[2] = oneKey
 	} else {
@@ -34,8 +39,9 @@ func evalArgs(sc *script, nkeys int, n int) []any {
 // oneKey is the key count of a one-key script, boxed once.
 var oneKey any = "1"
 
-// withSource returns an EVALSHA command as EVAL of the script's source,
-// for a server that does not have the script yet (NOSCRIPT).
+// withSource returns an EVALSHA or FCALL command as EVAL of the script's
+// source, for a server that does not have the script (NOSCRIPT) or the
+// function yet.
 func withSource(sc *script, args []any) []any {
 	return append([]any{"eval", sc.src}, args[2:]...)
 }
@@ -45,17 +51,44 @@ func noScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
-// direct runs each script call on its own round trip: EVALSHA, and EVAL
-// on NOSCRIPT, as go-redis's Script.Run does. The reply is read straight
-// into integers (an IntSliceCmd), without go-redis's generic reply values.
-type direct struct{ client Client }
+// missing reports whether err says that the server lacks the script or
+// the function a call named, which then runs as EVAL; fns learns of a
+// missing function.
+func missing(err error, fns *functions) bool {
+	if noScript(err) {
+		return true
+	}
+	if noFunction(err) {
+		fns.lost()
+		return true
+	}
+	return false
+}
+
+// scriptCmd returns the command of a script call (see runner), its first
+// key marked for a Cluster client's routing: go-redis finds it in EVAL and
+// EVALSHA, but not in FCALL.
+func scriptCmd(ctx context.Context, args []any) *goredis.IntSliceCmd {
+	cmd := goredis.NewIntSliceCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
+// direct runs each script call on its own round trip: EVALSHA (or FCALL),
+// and EVAL when the server lacks the script, as go-redis's Script.Run
+// does. The reply is read straight into integers (an IntSliceCmd),
+// without go-redis's generic reply values.
+type direct struct {
+	client Client
+	fns    *functions // nil: no functions
+}
 
 func (d direct) run(ctx context.Context, sc *script, args []any) ([]int64, error) {
-	cmd := goredis.NewIntSliceCmd(ctx, args...)
+	cmd := scriptCmd(ctx, args)
 	_ = d.client.Process(ctx, cmd)
 	v, err := cmd.Result()
-	if noScript(err) {
-		cmd = goredis.NewIntSliceCmd(ctx, withSource(sc, args)...)
+	if missing(err, d.fns) {
+		cmd = scriptCmd(ctx, withSource(sc, args))
 		_ = d.client.Process(ctx, cmd)
 		v, err = cmd.Result()
 	}
@@ -96,6 +129,7 @@ type batcher struct {
 		Client
 		Pipeliner
 	}
+	fns      *functions   // nil: no functions
 	inflight atomic.Int64 // calls in run
 	calls    chan *call
 	batches  chan []*call  // from the dispatcher to the senders
@@ -169,7 +203,7 @@ func (b *batcher) run(ctx context.Context, sc *script, args []any) ([]int64, err
 	}
 	defer b.inflight.Add(-1)
 	if b.inflight.Add(1) == 1 {
-		return direct{b.client}.run(ctx, sc, args)
+		return direct{b.client, b.fns}.run(ctx, sc, args)
 	}
 	c := calls.Get().(*call)
 	c.ctx, c.sc, c.args = ctx, sc, args
@@ -281,8 +315,9 @@ func (b *batcher) sender() {
 	}
 }
 
-// send runs a batch as one pipeline of EVALSHA, then, for the calls that
-// found their script missing (a restarted or new server), one of EVAL. Its
+// send runs a batch as one pipeline of EVALSHA (or FCALL), then, for the
+// calls that found their script missing (a restarted or new server), one
+// of EVAL. Its
 // deadline is the latest of its calls' (those whose caller went away are
 // skipped).
 func (b *batcher) send(batch []*call) {
@@ -312,20 +347,20 @@ func (b *batcher) send(batch []*call) {
 		defer cancel()
 	}
 	cmds := b.pipeline(ctx, live, func(c *call) []any { return c.args })
-	var missing []*call
+	var again []*call // the calls that found their script missing
 	for i, c := range live {
 		c.v, c.err = cmds[i].Result()
-		if noScript(c.err) {
-			missing = append(missing, c)
+		if missing(c.err, b.fns) {
+			again = append(again, c)
 			continue
 		}
 		c.finish()
 	}
-	if len(missing) == 0 {
+	if len(again) == 0 {
 		return
 	}
-	cmds = b.pipeline(ctx, missing, func(c *call) []any { return withSource(c.sc, c.args) })
-	for i, c := range missing {
+	cmds = b.pipeline(ctx, again, func(c *call) []any { return withSource(c.sc, c.args) })
+	for i, c := range again {
 		c.v, c.err = cmds[i].Result()
 		c.finish()
 	}
@@ -337,7 +372,7 @@ func (b *batcher) pipeline(ctx context.Context, calls []*call, args func(*call) 
 	p := b.client.Pipeline()
 	cmds := make([]*goredis.IntSliceCmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = goredis.NewIntSliceCmd(ctx, args(c)...)
+		cmds[i] = scriptCmd(ctx, args(c))
 		_ = p.Process(ctx, cmds[i])
 	}
 	_, _ = p.Exec(ctx) // each command carries its own error

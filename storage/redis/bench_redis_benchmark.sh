@@ -5,7 +5,10 @@
 # one), loads common.lua + bucket.lua + single.lua (the script the Go store
 # runs for token_bucket) with SCRIPT LOAD, and runs EVALSHA from 1, 16 and
 # 64 clients without pipelining over 10,000 keys, with the arguments the Go
-# store passes for 100 events per second.
+# store passes for 100 events per second; then, on Redis 7 and later, the
+# same code as a function of a library built as the Go store builds its
+# own (common.lua without its replicate_commands call, every algorithm's
+# file, single.lua as the function's body), by FCALL.
 #
 # Usage: storage/redis/bench_redis_benchmark.sh [requests per run, default 100000]
 set -euo pipefail
@@ -60,9 +63,27 @@ args=(t -1 0 10000 0 0 tb 1000000 10000 0 1)
 redis-cli -p "$port" EVALSHA "$sha" 1 "${key/__rand_int__/000000000000}" "${args[@]}" >/dev/null
 
 echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on 127.0.0.1:$port, EVALSHA $sha, $n requests per run"
-for run in "1 1" "16 1" "64 1" "64 16"; do
-	set -- $run
-	printf "clients=%-3s pipeline=%-3s " "$1" "$2"
-	redis-benchmark -p "$port" -c "$1" -P "$2" -n "$n" -r 10000 -q EVALSHA "$sha" 1 "$key" "${args[@]}" |
+bench() { # clients pipeline command...
+	local c=$1 p=$2
+	shift 2
+	printf "%-7s clients=%-3s pipeline=%-3s " "$1" "$c" "$p"
+	redis-benchmark -p "$port" -c "$c" -P "$p" -n "$n" -r 10000 -q "$@" 1 "$key" "${args[@]}" |
 		tr '\r' '\n' | grep -o '[0-9.]* requests per second.*' | tail -1
+}
+for run in "1 1" "16 1" "64 1" "64 16"; do
+	bench $run EVALSHA "$sha"
+done
+
+lib="#!lua name=tollgate_bench
+$(sed '/^if redis.replicate_commands then$/,/^end$/d' "$here/common.lua")
+$(cd "$here" && cat bucket.lua gcra.lua fixed_window.lua sliding_window.lua sliding_log.lua concurrency.lua ban.lua)
+redis.register_function('tollgate_bench_single', function(KEYS, ARGV)
+$(cat "$here/single.lua")
+end)"
+if ! redis-cli -p "$port" FUNCTION LOAD REPLACE "$lib" >/dev/null 2>&1; then
+	echo "no functions on this server (Redis 7 has them): FCALL not measured"
+	exit 0
+fi
+for run in "1 1" "16 1" "64 1" "64 16"; do
+	bench $run FCALL tollgate_bench_single
 done

@@ -21,8 +21,9 @@ const benchKeys = 10_000
 
 // BenchmarkRedisTake measures token-bucket decisions per second against a
 // local redis-server, from 1, 16 and 64 concurrent callers over 10,000 keys,
-// each call on its own round trip (pipeline=off) and through the batcher
-// (pipeline=on), side by side in one run (bench_redis_benchmark.sh measures
+// each call on its own round trip (pipeline=false) and through the batcher
+// (pipeline=true), by EVALSHA and by FCALL (functions=true), side by side
+// in one run (bench_redis_benchmark.sh measures
 // the same script with redis-benchmark, unpipelined and with -P 16).
 //
 // It starts its callers itself rather than with b.RunParallel, which runs a
@@ -31,12 +32,15 @@ const benchKeys = 10_000
 func BenchmarkRedisTake(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, callers := range []int{1, 16, 64} {
-		for _, pipeline := range []bool{false, true} {
-			b.Run(fmt.Sprintf("callers=%d/pipeline=%t", callers, pipeline), func(b *testing.B) {
+		for _, mode := range []struct{ pipeline, functions bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+			b.Run(fmt.Sprintf("callers=%d/pipeline=%t/functions=%t", callers, mode.pipeline, mode.functions), func(b *testing.B) {
 				s := New(benchClient(b, srv, callers), DefaultPrefix)
-				if pipeline {
+				if mode.pipeline {
 					s = NewPipelined(benchClient(b, srv, callers), DefaultPrefix)
 					defer s.Close()
+				}
+				if mode.functions {
+					withFunctions(b, s)
 				}
 				zl := zoneOf(s, "bench", mustLimit(b, algorithms.TokenBucket, 100, time.Second, 0, 0))
 				benchCallers(b, callers, func(ctx context.Context, key string) error {

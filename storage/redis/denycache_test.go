@@ -14,9 +14,16 @@ import (
 	"github.com/caddy-tollgate/tollgate/storage"
 )
 
-// scriptCalls returns how many scripts the server has run (EVALSHA and
-// EVAL), from INFO commandstats.
+// scriptCalls returns how many scripts the server has run (EVALSHA, EVAL
+// and FCALL), from INFO commandstats.
 func scriptCalls(t *testing.T, c *goredis.Client) int64 {
+	t.Helper()
+	return commandCalls(t, c, "evalsha", "eval", "fcall")
+}
+
+// commandCalls returns how many times the server has run the commands
+// named, from INFO commandstats.
+func commandCalls(t *testing.T, c *goredis.Client, names ...string) int64 {
 	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
@@ -24,10 +31,11 @@ func scriptCalls(t *testing.T, c *goredis.Client) int64 {
 	}
 	var n int64
 	for _, line := range strings.Split(info, "\n") {
-		if strings.HasPrefix(line, "cmdstat_evalsha:") || strings.HasPrefix(line, "cmdstat_eval:") {
-			calls := strings.TrimPrefix(strings.Split(line, ",")[0], strings.Split(line, ":")[0]+":calls=")
-			v, _ := strconv.ParseInt(strings.TrimSpace(calls), 10, 64)
-			n += v
+		for _, name := range names {
+			if prefix := "cmdstat_" + name + ":calls="; strings.HasPrefix(line, prefix) {
+				v, _ := strconv.ParseInt(strings.TrimSpace(strings.Split(strings.TrimPrefix(line, prefix), ",")[0]), 10, 64)
+				n += v
+			}
 		}
 	}
 	return n

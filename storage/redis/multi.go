@@ -310,7 +310,7 @@ func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, par
 // group g, and stores their decisions in ds (a part that gives back reads
 // there the decision that charged it).
 func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []part, g []int, ds []algorithms.Decision) error {
-	args := evalArgs(multiScript, len(g), len(g)+3+11*len(g))
+	args := evalArgs(multiScript, s.fns.fcall(), len(g), len(g)+3+11*len(g))
 	for _, i := range g {
 		args = append(args, parts[i].key)
 	}

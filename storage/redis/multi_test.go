@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -287,12 +288,17 @@ func TestTakeAllRandom(t *testing.T) {
 		name      string
 		group     grouping
 		backwards bool
+		fcall     bool
 	}{
-		{"one_script", oneServer, true},
-		{"by_tag", byTag, false},
+		{"one_script", oneServer, true, false},
+		{"by_tag", byTag, false, false},
+		{"one_script_fcall", oneServer, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestStore(srv.Client())
+			if tc.fcall {
+				withFunctions(t, s)
+			}
 			s.group = tc.group
 			rng := rand.New(rand.NewPCG(7, uint64(tc.group)))
 			zones := randomZones(t, rng, s, tc.name+"-")
@@ -497,18 +503,39 @@ func TestTakeAllCluster(t *testing.T) {
 		runAtomic(t, s)
 	})
 
-	t.Run("random", func(t *testing.T) {
-		s := newTestStore(cc)
-		rng := rand.New(rand.NewPCG(11, 12))
-		zones := randomZones(t, rng, s, "cl-random-")
-		keys := []string{"a", "b", "c", "d"}
-		n := 1500
-		if testing.Short() {
-			n = 300
-		}
-		a, r := runRandomTakeAll(t, s, rng, zones, keys, n, false)
-		t.Logf("%d requests admitted, %d rejected", a, r)
-	})
+	// The library loads on every primary, and FCALL goes to each key's.
+	for _, mode := range []string{"evalsha", "fcall"} {
+		t.Run("random-"+mode, func(t *testing.T) {
+			s := newTestStore(cc)
+			if mode == "fcall" {
+				withFunctions(t, s)
+			}
+			rng := rand.New(rand.NewPCG(11, 12))
+			zones := randomZones(t, rng, s, "cl-random-"+mode+"-")
+			keys := []string{"a", "b", "c", "d"}
+			n := 1500
+			if testing.Short() {
+				n = 300
+			}
+			a, r := runRandomTakeAll(t, s, rng, zones, keys, n, false)
+			t.Logf("%d requests admitted, %d rejected", a, r)
+			if mode == "fcall" {
+				if !s.Functions() {
+					t.Error("functions off after the run")
+				}
+				err := cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+					info, err := c.Info(ctx, "commandstats").Result()
+					if err == nil && !strings.Contains(info, "cmdstat_fcall:") {
+						err = fmt.Errorf("primary %s ran no FCALL", c.Options().Addr)
+					}
+					return err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
 
 	t.Run("concurrent", func(t *testing.T) {
 		s := newTestStore(cc)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	"github.com/caddy-tollgate/tollgate/storage"
@@ -277,14 +279,25 @@ func runParity(t *testing.T, zl storage.Limiter, key string, l algorithms.Limit,
 	return n
 }
 
+// TestParityTraces runs the traces through EVALSHA of the scripts and
+// FCALL of the library's functions.
 func TestParityTraces(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	s := newTestStore(c)
+	for _, mode := range []string{"evalsha", "fcall"} {
+		s := newTestStore(c)
+		if mode == "fcall" {
+			withFunctions(t, s)
+		}
+		t.Run(mode, func(t *testing.T) { parityTraces1(t, c, s, mode) })
+	}
+}
+
+func parityTraces1(t *testing.T, c *goredis.Client, s *Store, mode string) {
 	for _, tr := range parityTraces(t) {
 		for _, base := range []int64{0, epoch} {
 			t.Run(fmt.Sprintf("%s/base=%d", tr.name, base), func(t *testing.T) {
-				name := fmt.Sprintf("%s@%d", tr.name, base)
+				name := fmt.Sprintf("%s-%s@%d", mode, tr.name, base)
 				zl := zoneOf(s, name, tr.limit)
 				key := "k"
 				rkey := s.Key(name, tr.limit.Kind, key)
@@ -307,14 +320,24 @@ func TestParityTraces(t *testing.T) {
 }
 
 // TestParityRandom runs seeded random steps (forward, still and backward
-// clocks, all kinds of costs, undo and peek) for every algorithm.
+// clocks, all kinds of costs, undo and peek) for every algorithm, through
+// EVALSHA of the scripts and FCALL of the library's functions.
 func TestParityRandom(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, mode := range []string{"evalsha", "fcall"} {
+		s := newTestStore(srv.Client())
+		if mode == "fcall" {
+			withFunctions(t, s)
+		}
+		t.Run(mode, func(t *testing.T) { parityRandom(t, s, mode) })
+	}
+}
+
+func parityRandom(t *testing.T, s *Store, mode string) {
 	n := 6000 // per algorithm
 	if testing.Short() {
 		n = 600
 	}
-	srv := redistest.Start(t)
-	s := newTestStore(srv.Client())
 	windows := []time.Duration{time.Millisecond, 7 * time.Millisecond, time.Second, 13 * time.Second, time.Hour}
 	for kind := algorithms.TokenBucket; kind <= algorithms.LeakyBucket; kind++ {
 		t.Run(kind.String(), func(t *testing.T) {
@@ -343,7 +366,7 @@ func TestParityRandom(t *testing.T) {
 					continue // a random burst too long to refill, or the like
 				}
 				steps := randomSteps(rng, &l, n/configs, rng.IntN(2) == 0)
-				name := fmt.Sprintf("random-%s-%d", kind, ci)
+				name := fmt.Sprintf("%s-random-%s-%d", mode, kind, ci)
 				n := runParity(t, zoneOf(s, name, l), "k", l, steps, nil)
 				t.Logf("%s (events=%d window=%s burst=%d max_delay=%s): %d steps: %+v",
 					name, events, window, l.Burst, maxDelay, len(steps), n)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 )
@@ -34,10 +35,13 @@ var (
 )
 
 // script is a Lua script as the store runs it: EVALSHA by its hash, EVAL
-// of its source when the server does not have it yet.
+// of its source when the server does not have it yet, or FCALL of the
+// function that runs the same code in the store's function library (see
+// functions).
 type script struct {
 	src  string
 	hash any // hex SHA1 of src, boxed once for EVALSHA's arguments
+	fn   any // the function's name in the library, boxed once for FCALL's
 }
 
 func newScript(src string) *script {
@@ -67,7 +71,9 @@ var oneByte = func() (b [256]any) {
 // Zone then fails every call.
 var scripts = func() map[algorithms.Kind]*script {
 	one := func(alg string) *script {
-		return newScript(commonLua + alg + singleLua)
+		sc := newScript(commonLua + alg + singleLua)
+		sc.fn = library.single
+		return sc
 	}
 	bucket := one(bucketLua)
 	return map[algorithms.Kind]*script{
@@ -84,8 +90,48 @@ var scripts = func() map[algorithms.Kind]*script {
 
 // multiScript decides one request against several zones' keys in one slot
 // (TakeAll): common.lua, every algorithm's file and multi.lua.
-var multiScript = newScript(commonLua + bucketLua + gcraLua +
-	fixedWindowLua + slidingWindowLua + slidingLogLua + concurrencyLua + banLua + multiLua)
+var multiScript = func() *script {
+	sc := newScript(commonLua + allAlgorithmsLua + multiLua)
+	sc.fn = library.multi
+	return sc
+}()
+
+// allAlgorithmsLua is every algorithm's file.
+var allAlgorithmsLua = bucketLua + gcraLua + fixedWindowLua + slidingWindowLua +
+	slidingLogLua + concurrencyLua + banLua
+
+// library is the scripts as one Redis function library (Redis 7's
+// FUNCTION LOAD): common.lua and every algorithm's file once, and two
+// functions, single.lua's and multi.lua's main parts, each the body of a
+// function of KEYS and ARGV. They decide exactly as the scripts do (the
+// same code), but FCALL skips what every EVALSHA pays again: running
+// common.lua and the algorithms' files to define their functions.
+//
+// Its name and its functions' carry a hash of its code, so that instances
+// of different releases sharing one Redis each call their own code, and
+// loading one never replaces another's.
+var library = func() (l struct {
+	name, src     string
+	single, multi any
+}) {
+	// Functions are always replicated by their effects: common.lua's
+	// call to switch scripts to that is not for them (nor allowed while
+	// a library loads).
+	common := strings.Replace(commonLua, replicateCommands, "", 1)
+	body := func(name string) string {
+		return "#!lua name=" + name + "\n" + common + allAlgorithmsLua +
+			"redis.register_function('" + name + "_single', function(KEYS, ARGV)\n" + singleLua + "\nend)\n" +
+			"redis.register_function('" + name + "_multi', function(KEYS, ARGV)\n" + multiLua + "\nend)\n"
+	}
+	h := sha1.Sum([]byte(body("tollgate")))
+	l.name = "tollgate_" + hex.EncodeToString(h[:8])
+	l.src = body(l.name)
+	l.single, l.multi = l.name+"_single", l.name+"_multi"
+	return l
+}()
+
+// replicateCommands is the part of common.lua a library leaves out.
+const replicateCommands = "if redis.replicate_commands then\n\tredis.replicate_commands()\nend\n"
 
 // The ops of a decision function; see common.lua.
 const (

@@ -7,7 +7,9 @@
 // in a .lua file next to this one. A script is common.lua (helpers), the
 // decision functions it needs and a main part: single.lua runs one
 // function on one key (a Zone's Take, Undo and Peek); multi.lua decides one
-// request against several zones' keys (TakeAll). The Go side derives every
+// request against several zones' keys (TakeAll). With WithFunctions, the
+// same code runs as a Redis 7 function library instead (see functions),
+// where the server has one. The Go side derives every
 // constant a decision needs (the refill time of a cost, the bucket capacity
 // as time, the window, the limit in milli-units) and passes it as an
 // argument, so that the scripts only add and compare integers below 2^53,
@@ -49,8 +51,8 @@ import (
 const DefaultPrefix = "tollgate:"
 
 // Client is the part of a go-redis client the store uses: Process, which
-// runs its scripts (EVALSHA, and EVAL when the server lacks one), and DEL
-// for Reset. *goredis.Client, *goredis.ClusterClient, *goredis.Ring and
+// runs its scripts (EVALSHA, and EVAL when the server lacks one; FCALL and
+// FUNCTION LOAD with WithFunctions), and DEL for Reset. *goredis.Client, *goredis.ClusterClient, *goredis.Ring and
 // goredis.UniversalClient satisfy it.
 //
 // The store honours each call's context only if the client does: create it
@@ -68,6 +70,7 @@ type Store struct {
 	client Client
 	run    runner // runs the scripts: directly, or batched
 	batch  *batcher
+	fns    *functions // nil without WithFunctions
 	prefix string
 
 	deny       *denyCache // nil without WithDenyCache
@@ -96,7 +99,7 @@ type Store struct {
 // *goredis.ClusterClient runs one script per Cluster slot; any other
 // client (a Ring, a wrapper) one per hash tag, since a Ring shards by tag.
 func New(client Client, prefix string) *Store {
-	s := &Store{client: client, run: direct{client}, prefix: prefix, group: byTag}
+	s := &Store{client: client, run: direct{client: client}, prefix: prefix, group: byTag}
 	switch client.(type) {
 	case *goredis.Client:
 		s.group = oneServer
