@@ -73,6 +73,8 @@ func TestBadValuesFailAtAdapt(t *testing.T) {
 			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "storage": {"module": "file_system", "root": "/tmp"}`, `storage: "file_system" is a Caddy storage module`},
 		{"storage unknown", "zone z {\n\trate 5/s\n}\nstorage floppy # <-",
 			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "storage": {"module": "floppy"}`, `storage: unknown rate_limit storage "floppy": want memory (the default) or redis`},
+		{"redis functions neither on nor off", "zone z {\n\trate 5/s\n}\nstorage redis {\n\tfunctions eval # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s"}}, "storage": {"module": "redis", "functions": "eval"}`, `functions: must be on or off, got`},
 		{"concurrency 0", "zone z {\n\tconcurrency 0 # <-\n}",
 			`"rate_limits": {"z": {"concurrency": -1}}`, "concurrency: must be greater than 0, got "},
 		{"concurrency negative", "zone z {\n\trate 5/s\n\tconcurrency -2 # <-\n}",

@@ -1,14 +1,18 @@
 package tollgate
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
@@ -123,15 +127,52 @@ func checkExact(t *testing.T, l load) {
 	}
 }
 
+// TestRedisExactAcrossThreeInstances: three Caddy sites on one Redis admit
+// B + r*T between them, pipelined or not, deciding by FCALL of the
+// function library (the default) or by EVALSHA (functions off).
 func TestRedisExactAcrossThreeInstances(t *testing.T) {
 	srv := redistest.Start(t)
-	for _, pipeline := range []string{"on", "off"} {
-		t.Run("pipeline="+pipeline, func(t *testing.T) {
+	c := srv.Client()
+	for _, tc := range []struct{ pipeline, functions string }{{"on", "on"}, {"off", "on"}, {"on", "off"}} {
+		name := "pipeline=" + tc.pipeline + "/functions=" + tc.functions
+		t.Run(name, func(t *testing.T) {
+			fcalls, evalshas := redisCalls(t, c, "fcall"), redisCalls(t, c, "evalsha")
 			tester := caddytest.NewTester(t)
-			tester.InitServer(threeInstances("addresses "+srv.Addr+"\n\t\t\t\tpipeline "+pipeline), "caddyfile")
-			checkExact(t, hammer(t, tester, "one-key-"+pipeline, 48, 3*time.Second))
+			tester.InitServer(threeInstances("addresses "+srv.Addr+"\n\t\t\t\tpipeline "+tc.pipeline+"\n\t\t\t\tfunctions "+tc.functions), "caddyfile")
+			l := hammer(t, tester, "one-key-"+tc.pipeline+"-"+tc.functions, 48, 3*time.Second)
+			checkExact(t, l)
+			fcalls, evalshas = redisCalls(t, c, "fcall")-fcalls, redisCalls(t, c, "evalsha")-evalshas
+			t.Logf("%d FCALLs, %d EVALSHAs", fcalls, evalshas)
+			if tc.functions == "off" && fcalls != 0 {
+				t.Errorf("%d FCALLs with functions off", fcalls)
+			}
+			// The library loads in the background after the first
+			// decisions, which go as EVALSHA meanwhile.
+			if tc.functions == "on" && fcalls < 9*(fcalls+evalshas)/10 {
+				t.Errorf("%d FCALLs and %d EVALSHAs with functions on: want nearly all FCALLs", fcalls, evalshas)
+			}
 		})
 	}
+}
+
+// redisCalls returns how many times the server has run command name, from
+// INFO commandstats.
+func redisCalls(t *testing.T, c *goredis.Client, name string) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if prefix := "cmdstat_" + name + ":calls="; strings.HasPrefix(line, prefix) {
+			n, err := strconv.ParseInt(strings.Split(strings.TrimPrefix(line, prefix), ",")[0], 10, 64)
+			if err != nil {
+				t.Fatalf("commandstats line %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 func TestRedisClusterThroughCaddy(t *testing.T) {

@@ -240,6 +240,7 @@ func TestRedisValidation(t *testing.T) {
 		{"unknown option", "storage redis {\n flavour x\n}", "storage redis: unrecognized subdirective 'flavour'"},
 		{"option twice", "storage redis {\n db 1\n db 2\n}", "storage redis: option 'db' given twice"},
 		{"bad pipeline", "storage redis {\n pipeline maybe\n}", "storage redis: pipeline: must be on or off, got 'maybe'"},
+		{"bad functions", "storage redis {\n functions eval\n}", "storage redis: functions: must be on or off, got 'eval'"},
 		{"cluster db", "storage redis {\n addresses a:1\n cluster\n db 2\n}", "db: a Redis Cluster has only database 0, got 2"},
 		{"cluster with an argument", "storage redis {\n cluster yes\n}", "wrong argument count"},
 		{"cluster and sentinel", "storage redis {\n addresses a:1\n cluster\n sentinel_master m\n}", "cluster and sentinel_master: a Sentinel-managed Redis is not a Cluster"},
@@ -362,4 +363,51 @@ func TestRedisDenyOutageLogsOnce(t *testing.T) {
 		}`), "caddyfile")
 	resp, body := get(t, tester, "/", "X-Client: a")
 	check(t, "handle_errors", resp, body, want{503, map[string]string{"Retry-After": "1"}, "store down: 503"})
+}
+
+// TestRedisFunctionsRefusedWarnsOnce: a Redis whose ACL denies FUNCTION
+// LOAD gets one warning in the log, and every decision by EVALSHA, exact
+// as ever.
+func TestRedisFunctionsRefusedWarnsOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	ctx := context.Background()
+	if err := admin.Do(ctx, "acl", "setuser", "noload", "on", ">pw", "~*", "&*", "+@all", "-function|load").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	opts := strings.Replace(globalOptions, "auto_https off", "auto_https off\n\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t\tlevel INFO\n\t}", 1)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(opts+`
+	localhost:9080 {
+		rate_limit {
+			zone refused {
+				key {http.request.header.X-Client}
+				rate 5/h
+			}
+			storage redis {
+				addresses `+srv.Addr+`
+				username noload
+				password pw
+			}
+		}
+		respond "ok"
+	}`, "caddyfile")
+	for i := range 8 {
+		resp, _ := get(t, tester, "/", "X-Client: a")
+		if want := map[bool]int{true: 200, false: 429}[i < 5]; resp.StatusCode != want {
+			t.Fatalf("request %d: status %d, want %d", i, resp.StatusCode, want)
+		}
+		time.Sleep(20 * time.Millisecond) // time for the load to be refused
+	}
+	raw, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(raw), "refused Tollgate's function library"); n != 1 || !strings.Contains(string(raw), "NOPERM") {
+		t.Errorf("%d warnings of the refusal (want 1, with NOPERM) in:\n%s", n, raw)
+	}
+	if n := redisCalls(t, admin, "fcall"); n != 0 {
+		t.Errorf("%d FCALLs on a Redis that refused the library", n)
+	}
 }

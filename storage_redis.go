@@ -80,6 +80,14 @@ type RedisStorage struct {
 	// stay exact. Off, each decision is its own round trip.
 	Pipeline string `json:"pipeline,omitempty"`
 
+	// Functions is "on" (the default) or "off". On, where the server has
+	// functions (Redis 7 and later), Tollgate loads its scripts once as a
+	// function library (FUNCTION LOAD, named tollgate_ and a hash of its
+	// code) and decides by FCALL, which costs Redis less per decision than
+	// EVALSHA of the same code; a server that refuses the library gets
+	// EVALSHA, with one warning in the log. Off, always EVALSHA.
+	Functions string `json:"functions,omitempty"`
+
 	client    *pooledRedis
 	poolKey   string
 	timeout   time.Duration
@@ -150,16 +158,16 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	// busy pool (load on this instance) from a slow Redis.
 	opts.PoolTimeout = r.timeout * 3 / 4
 
-	pipeline := true
-	switch r.Pipeline {
-	case "", "on":
-	case "off":
-		pipeline = false
-	default:
-		return fmt.Errorf("pipeline: must be on or off, got %q", r.Pipeline)
+	pipeline, err := onOff("pipeline", r.Pipeline)
+	if err != nil {
+		return err
+	}
+	functions, err := onOff("functions", r.Functions)
+	if err != nil {
+		return err
 	}
 
-	r.poolKey = redisPoolKey(opts, prefix, pipeline)
+	r.poolKey = redisPoolKey(opts, prefix, pipeline, functions)
 	v, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
 		c := goredis.NewUniversalClient(opts)
 		p := &pooledRedis{client: c, store: redisstore.New(c, prefix)}
@@ -169,6 +177,12 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 		// Rejections answered from memory until their wait ends (at
 		// most a second); resets clear them on every instance.
 		p.store.WithDenyCache(c)
+		if functions {
+			logger := r.logger
+			p.store.WithFunctions(func(err error) {
+				logger.Warn("redis refused Tollgate's function library: deciding with EVALSHA instead (set functions off to skip the attempt)", zap.Error(err))
+			})
+		}
 		p.health.logger = r.logger
 		return p, nil
 	})
@@ -177,6 +191,17 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	}
 	r.client = v.(*pooledRedis)
 	return nil
+}
+
+// onOff reads a switch that is on unless it is "off".
+func onOff(field, v string) (bool, error) {
+	switch v {
+	case "", "on":
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("%s: must be on or off, got %q", field, v)
 }
 
 // redisPingTimeout bounds the PING at start: long enough for a first
@@ -341,9 +366,9 @@ func redactURL(s string) string {
 
 // redisPoolKey identifies a client by every setting that makes it
 // different, hashed so that the password is not kept in the clear.
-func redisPoolKey(o *goredis.UniversalOptions, prefix string, pipeline bool) string {
+func redisPoolKey(o *goredis.UniversalOptions, prefix string, pipeline, functions bool) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%q|%q|%q|%d|%q|%d|%v|%q|%d|%v", o.Addrs, o.Username, o.Password, o.DB, o.MasterName, o.PoolSize, o.TLSConfig != nil && o.TLSConfig.InsecureSkipVerify, prefix, o.ReadTimeout, pipeline)
+	fmt.Fprintf(h, "%q|%q|%q|%d|%q|%d|%v|%q|%d|%v|%v", o.Addrs, o.Username, o.Password, o.DB, o.MasterName, o.PoolSize, o.TLSConfig != nil && o.TLSConfig.InsecureSkipVerify, prefix, o.ReadTimeout, pipeline, functions)
 	if o.TLSConfig != nil {
 		h.Write([]byte("|tls"))
 	}
@@ -532,10 +557,14 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			r.Cluster = true
-		case "pipeline":
-			r.Pipeline, err = stringArg(d)
-			if err == nil && r.Pipeline != "on" && r.Pipeline != "off" {
-				return d.Errf("storage redis: pipeline: must be on or off, got '%s'", r.Pipeline)
+		case "pipeline", "functions":
+			field := &r.Pipeline
+			if opt == "functions" {
+				field = &r.Functions
+			}
+			*field, err = stringArg(d)
+			if err == nil && *field != "on" && *field != "off" {
+				return d.Errf("storage redis: %s: must be on or off, got '%s'", opt, *field)
 			}
 		default:
 			return d.Errf("storage redis: unrecognized subdirective '%s'", opt)

@@ -134,7 +134,7 @@ run() { # route script -> "requests/s caddy-µs redis-µs"
 curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/memory-hot" >/dev/null
 curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/redis-hot" >/dev/null
 run bare keys.lua >/dev/null # warm up
-scripts() { redis-cli -p "$rport" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {n += $3} END {print n+0}'; }
+scripts() { redis-cli -p "$rport" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_(eval|evalsha|fcall):/ {n += $3} END {print n+0}'; }
 ratio() { python3 -c "print(f'{float(\"$1\")/float(\"$2\"):.2f}')"; }
 median() { python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.2f}')" "$@"; }
 echo "wrk -c$conns, ${secs}s per route, one Caddy, redis-server on 127.0.0.1:$rport, $rounds round(s)"
