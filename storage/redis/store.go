@@ -143,7 +143,7 @@ func (s *Store) Close() {
 // keys' states.
 func (s *Store) Zone(z storage.Zone) storage.Limiter {
 	l := z.Limit
-	return &zone{
+	zn := &zone{
 		store:  s,
 		name:   z.Name,
 		limit:  l,
@@ -151,6 +151,11 @@ func (s *Store) Zone(z storage.Zone) storage.Limiter {
 		tail:   keyTail(z.Name, l.Kind),
 		consts: constants(&l),
 	}
+	if l.Kind != algorithms.Concurrency && l.Capacity() >= algorithms.Milli {
+		zn.unit = amount(&l, algorithms.Milli)
+		zn.unitArg = zn.unit
+	}
+	return zn
 }
 
 // Key returns the Redis key that holds the state of key in zone with

@@ -17,6 +17,20 @@ type zone struct {
 	script *script
 	tail   string // what follows the hash tag in the zone's keys (keyTail)
 	consts []any  // the algorithm's code and constants (see constants)
+	// unit is the x of a request of cost 1 (the usual cost), and unitArg
+	// that x boxed once (nil for a concurrency limit, whose x is a new
+	// lease id each time).
+	unit    int64
+	unitArg any
+}
+
+// arg returns x as a script argument, without allocating when it is the
+// x of a request of cost 1.
+func (z *zone) arg(x int64) any {
+	if x == z.unit && z.unitArg != nil {
+		return z.unitArg
+	}
+	return x
 }
 
 var _ storage.Limiter = (*zone)(nil)
@@ -124,7 +138,7 @@ func (z *zone) runKey(ctx context.Context, op, rkey string, now, x int64, taken 
 		return d, false, err
 	}
 	args := evalArgs(z.script, z.store.fns.fcall(), 1, 7+len(z.consts))
-	args = append(args, rkey, word(op), z.store.clock(now), z.store.ttlSlack, x, taken.At, taken.Reset)
+	args = append(args, rkey, word(op), z.store.clock(now), z.store.ttlSlack, z.arg(x), taken.At, taken.Reset)
 	args = append(args, z.consts...)
 	v, err := z.store.run.run(ctx, z.script, args)
 	if err != nil {
