@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	"github.com/caddy-tollgate/tollgate/storage"
 )
 
 // TestPipelinedParity runs the parity traces through a pipelined store,
@@ -101,68 +102,109 @@ func TestPipelinedDeadlines(t *testing.T) {
 	}
 }
 
+// pausedBatches is a pipelined store whose server is paused, with one
+// call in flight directly and one batch of one call in flight: where the
+// batch tests start.
+type pausedBatches struct {
+	t       *testing.T
+	srv     *redistest.Server
+	b       *batcher
+	zl      storage.Limiter
+	errs    chan error
+	calls   int // calls made, the first two included
+	resumed bool
+}
+
+func startPausedBatches(t *testing.T) *pausedBatches {
+	srv := redistest.Start(t)
+	s := NewPipelined(srv.Client(), DefaultPrefix)
+	t.Cleanup(s.Close)
+	p := &pausedBatches{t: t, srv: srv, b: s.batch, errs: make(chan error, 1000),
+		zl: zoneOf(s, "share", mustLimit(t, algorithms.TokenBucket, 1000, time.Second, 0, 0))}
+	if _, err := p.zl.Take(context.Background(), "warm", 0, algorithms.Milli); err != nil {
+		t.Fatal(err) // loads the script: no EVAL retry below
+	}
+	srv.Pause()
+	t.Cleanup(func() {
+		if !p.resumed {
+			srv.Resume()
+		}
+	})
+	p.take() // alone: direct, no batch
+	p.waitFor("the direct call", func() bool { return p.b.inflight.Load() == 1 })
+	p.take() // a batch of its own, sent at once
+	p.waitFor("the first batch", func() bool { return p.b.sent.Load() == 1 })
+	return p
+}
+
+// take makes one more call, in a goroutine of its own; its error (or a
+// rejection) goes to p.errs.
+func (p *pausedBatches) take() {
+	key := fmt.Sprint("k", p.calls)
+	p.calls++
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d, err := p.zl.Take(ctx, key, 0, algorithms.Milli)
+		if err == nil && !d.Allowed {
+			err = fmt.Errorf("take %s: rejected", key)
+		}
+		p.errs <- err
+	}()
+}
+
+// queued waits until every call made is with the batcher (in run, and past
+// its queue), then a little longer, for a batch that would go now to go.
+func (p *pausedBatches) queued() {
+	p.t.Helper()
+	p.waitFor("the calls to queue", func() bool {
+		return p.b.inflight.Load() == int64(p.calls) && len(p.b.calls) == 0
+	})
+	time.Sleep(20 * time.Millisecond)
+}
+
+func (p *pausedBatches) waitFor(what string, cond func() bool) {
+	p.t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// sent fails the test unless want batches have been sent.
+func (p *pausedBatches) sent(want int, why string) {
+	p.t.Helper()
+	if got := p.b.sent.Load(); got != int64(want) {
+		p.t.Fatalf("%d batches sent, want %d: %s", got, want, why)
+	}
+}
+
+// resume resumes the server and waits for every call's answer.
+func (p *pausedBatches) resume() {
+	p.t.Helper()
+	p.srv.Resume()
+	p.resumed = true
+	for range p.calls {
+		if err := <-p.errs; err != nil {
+			p.t.Fatal(err)
+		}
+	}
+}
+
 // TestBatchesWaitForTheBatchInFlight: calls that arrive while a batch is in
 // flight go out together when it returns (one more pipeline, not one
 // each), and they go then, although fewer than shareBatch are waiting.
 func TestBatchesWaitForTheBatchInFlight(t *testing.T) {
-	srv := redistest.Start(t)
-	s := NewPipelined(srv.Client(), DefaultPrefix)
-	defer s.Close()
-	b := s.batch
-	zl := zoneOf(s, "share", mustLimit(t, algorithms.TokenBucket, 100, time.Second, 0, 0))
-	if _, err := zl.Take(context.Background(), "warm", 0, algorithms.Milli); err != nil {
-		t.Fatal(err) // loads the script: no EVAL retry below
-	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
-	}
-	srv.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
+	p := startPausedBatches(t)
 	const waiting = 5 // fewer than shareBatch
-	errs := make(chan error, 2+waiting)
-	take := func(key string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		d, err := zl.Take(ctx, key, 0, algorithms.Milli)
-		if err == nil && !d.Allowed {
-			err = fmt.Errorf("take %s: rejected", key)
-		}
-		errs <- err
+	for range waiting {
+		p.take()
 	}
-	go take("direct") // alone: direct, no batch
-	waitFor("the direct call", func() bool { return b.inflight.Load() == 1 })
-	go take("first") // a batch of its own, sent at once
-	waitFor("the first batch", func() bool { return b.sent.Load() == 1 })
-	for i := range waiting {
-		go take(fmt.Sprint("later-", i))
-	}
-	waitFor("the later calls to reach the dispatcher", func() bool {
-		return b.inflight.Load() == 2+waiting && len(b.calls) == 0
-	})
-	time.Sleep(20 * time.Millisecond) // a sender that would send them now has time to
-	if n := b.sent.Load(); n != 1 {
-		t.Fatalf("%d batches sent while the first was in flight, want 1", n)
-	}
-	srv.Resume()
-	resumed = true
-	for range 2 + waiting {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := b.sent.Load(); n != 2 {
-		t.Errorf("%d batches sent, want 2: the first, and the %d calls that waited for it", n, waiting)
-	}
+	p.queued()
+	p.sent(1, "the calls that arrived sent while the first batch was in flight")
+	p.resume()
+	p.sent(2, "the first, and the calls that waited for it")
 }
 
 // TestBatchesGoWhenShareBatchWait: while batches are in flight, shareBatch
@@ -170,80 +212,22 @@ func TestBatchesWaitForTheBatchInFlight(t *testing.T) {
 // batchSenders batches at once; past that, calls wait for a batch to
 // return, and then all of them are answered.
 func TestBatchesGoWhenShareBatchWait(t *testing.T) {
-	srv := redistest.Start(t)
-	s := NewPipelined(srv.Client(), DefaultPrefix)
-	defer s.Close()
-	b := s.batch
-	zl := zoneOf(s, "full", mustLimit(t, algorithms.TokenBucket, 1000, time.Second, 0, 0))
-	if _, err := zl.Take(context.Background(), "warm", 0, algorithms.Milli); err != nil {
-		t.Fatal(err)
-	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
-	}
-	queued := func(n int) func() bool { // n callers in, their calls with the dispatcher
-		return func() bool { return b.inflight.Load() == int64(n) && len(b.calls) == 0 }
-	}
-	srv.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
-	total := 2 + (batchSenders-1)*shareBatch + shareBatch/2
-	errs := make(chan error, total)
-	take := func(key string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		d, err := zl.Take(ctx, key, 0, algorithms.Milli)
-		if err == nil && !d.Allowed {
-			err = fmt.Errorf("take %s: rejected", key)
-		}
-		errs <- err
-	}
-	go take("direct")
-	waitFor("the direct call", func() bool { return b.inflight.Load() == 1 })
-	go take("first")
-	waitFor("the first batch", func() bool { return b.sent.Load() == 1 })
-	n := 2
+	p := startPausedBatches(t)
 	for want := 2; want <= batchSenders; want++ {
 		for range shareBatch - 1 {
-			go take(fmt.Sprint("k", n))
-			n++
+			p.take()
 		}
-		waitFor("calls to queue", queued(n))
-		time.Sleep(10 * time.Millisecond)
-		if got := b.sent.Load(); got != int64(want-1) {
-			t.Fatalf("%d calls waiting sent batch %d early", shareBatch-1, got)
-		}
-		go take(fmt.Sprint("k", n)) // the shareBatch-th: its batch goes now
-		n++
-		waitFor(fmt.Sprintf("batch %d", want), func() bool { return b.sent.Load() == int64(want) })
+		p.queued()
+		p.sent(want-1, "fewer than shareBatch calls waiting sent a batch")
+		p.take() // the shareBatch-th: its batch goes now
+		p.waitFor(fmt.Sprintf("batch %d", want), func() bool { return p.b.sent.Load() == int64(want) })
 	}
 	// Every sender is busy: more calls wait, however many.
-	for n < total {
-		go take(fmt.Sprint("k", n))
-		n++
+	for range shareBatch / 2 {
+		p.take()
 	}
-	waitFor("the last calls to queue", queued(n))
-	time.Sleep(20 * time.Millisecond)
-	if got := b.sent.Load(); got != batchSenders {
-		t.Fatalf("%d batches sent with every sender busy, want %d", got, batchSenders)
-	}
-	srv.Resume()
-	resumed = true
-	for range total {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := b.sent.Load(); got != batchSenders+1 {
-		t.Errorf("%d batches sent, want %d: the last calls waited for a sender", got, batchSenders+1)
-	}
+	p.queued()
+	p.sent(batchSenders, "calls sent with every sender busy")
+	p.resume()
+	p.sent(batchSenders+1, "the last calls waited for a sender")
 }
