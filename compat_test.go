@@ -2,7 +2,6 @@ package tollgate
 
 import (
 	"net"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -41,13 +40,9 @@ func TestRedisUnreachableAtStartIsAWarning(t *testing.T) {
 		{"reachable", up.Addr, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			opts, logFile := loggingTo(t)
 			tester := caddytest.NewTester(t)
-			tester.InitServer(withGlobal(`log {
-		output file `+logFile+`
-		format json
-		level INFO
-	}`)+`
+			tester.InitServer(opts+`
 	localhost:9080 {
 		rate_limit {
 			zone start_local {

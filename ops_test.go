@@ -44,6 +44,13 @@ func withGlobal(lines string) string {
 	return strings.Replace(globalOptions, "\n}\n", "\n"+lines+"\n}\n", 1)
 }
 
+// loggingTo returns the global options with Caddy's log going to a new
+// file as JSON at level INFO, and that file.
+func loggingTo(t *testing.T) (opts, logFile string) {
+	logFile = filepath.Join(t.TempDir(), "caddy.log")
+	return withGlobal("log {\n\toutput file " + logFile + "\n\tformat json\n\tlevel INFO\n}"), logFile
+}
+
 // scrape fetches Caddy's metrics from the admin endpoint and returns
 // Tollgate's series, "name{labels}" to value. A series exposed twice is
 // an error.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -310,8 +309,7 @@ func TestRedisMultiZoneOneScript(t *testing.T) {
 // store error), not one per 503; and handle_errors can still shape the 503.
 func TestRedisDenyOutageLogsOnce(t *testing.T) {
 	srv := redistest.Start(t)
-	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	opts := strings.Replace(globalOptions, "auto_https off", "auto_https off\n\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t\tlevel INFO\n\t}", 1)
+	opts, logFile := loggingTo(t)
 	site := func(errors string) string {
 		return opts + `
 	localhost:9080 {
@@ -371,12 +369,8 @@ func TestRedisDenyOutageLogsOnce(t *testing.T) {
 func TestRedisFunctionsRefusedWarnsOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client()
-	ctx := context.Background()
-	if err := admin.Do(ctx, "acl", "setuser", "noload", "on", ">pw", "~*", "&*", "+@all", "-function|load").Err(); err != nil {
-		t.Fatal(err)
-	}
-	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	opts := strings.Replace(globalOptions, "auto_https off", "auto_https off\n\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t\tlevel INFO\n\t}", 1)
+	srv.AddUser("noload", "pw", "-function|load")
+	opts, logFile := loggingTo(t)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(opts+`
 	localhost:9080 {

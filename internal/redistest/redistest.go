@@ -95,6 +95,24 @@ func (s *Server) Client() *goredis.Client {
 	return c
 }
 
+// AddUser creates an ACL user that logs in with password and may run
+// every command on every key and channel except the rules' (ACL SETUSER
+// syntax: "-function|load" denies FUNCTION LOAD).
+func (s *Server) AddUser(name, password string, rules ...string) {
+	s.tb.Helper()
+	ctx, cancel := withTimeout(5 * time.Second)
+	defer cancel()
+	c := goredis.NewClient(&goredis.Options{Addr: s.Addr})
+	defer c.Close()
+	args := []any{"acl", "setuser", name, "on", ">" + password, "~*", "&*", "+@all"}
+	for _, r := range rules {
+		args = append(args, r)
+	}
+	if err := c.Do(ctx, args...).Err(); err != nil {
+		s.tb.Fatalf("redistest: ACL SETUSER %s: %v", name, err)
+	}
+}
+
 // Stop kills the server (SIGKILL: as abrupt as a crash) and waits for it to
 // exit. Its data are lost. Stopping a stopped server does nothing.
 func (s *Server) Stop() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -109,5 +110,25 @@ func TestCluster(t *testing.T) {
 	}
 	if got := masters.Load(); got != 3 {
 		t.Errorf("%d masters hold keys, want 3", got)
+	}
+}
+
+func TestAddUser(t *testing.T) {
+	s := redistest.Start(t)
+	s.AddUser("limited", "pw", "-function|load")
+	c := goredis.NewClient(&goredis.Options{Addr: s.Addr, Username: "limited", Password: "pw"})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET as the user: %v", err)
+	}
+	err := c.FunctionLoad(ctx, "#!lua name=x\nredis.register_function('f', function() return 1 end)").Err()
+	if err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("FUNCTION LOAD as a user without it: %v, want NOPERM", err)
+	}
+	bad := goredis.NewClient(&goredis.Options{Addr: s.Addr, Username: "limited", Password: "wrong"})
+	defer bad.Close()
+	if err := bad.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING with the wrong password succeeded")
 	}
 }

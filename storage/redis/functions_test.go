@@ -156,9 +156,7 @@ func TestFunctionsRefused(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	admin := srv.Client()
-	if err := admin.Do(ctx, "acl", "setuser", "noload", "on", ">pw", "~*", "&*", "+@all", "-function|load").Err(); err != nil {
-		t.Fatal(err)
-	}
+	srv.AddUser("noload", "pw", "-function|load")
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, Username: "noload", Password: "pw", ContextTimeoutEnabled: true})
 	defer c.Close()
 	var mu sync.Mutex
