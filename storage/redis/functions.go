@@ -20,7 +20,8 @@ import (
 // background; decisions use EVALSHA until it has loaded. A call that finds
 // the function missing (a server restarted without persistence, a FUNCTION
 // FLUSH, a new Cluster primary) runs as EVAL of its script instead, and
-// the library is loaded again. A server that refuses FUNCTION LOAD (one
+// the library is loaded again (at once, or loadRetry after its last load
+// if that was more recent). A server that refuses FUNCTION LOAD (one
 // before Redis 7, a proxy without it, an ACL that denies it) gets EVALSHA
 // for good; one that does not answer is asked again after loadRetry.
 type functions struct {
@@ -31,6 +32,7 @@ type functions struct {
 	off     atomic.Bool  // the server refused it: EVALSHA for good
 	loading atomic.Bool  // a load is under way
 	retry   atomic.Int64 // no load before this (Unix ns)
+	loaded  atomic.Int64 // when the library last loaded (Unix ns)
 	loads   atomic.Int64 // libraries loaded (read by tests)
 }
 
@@ -58,15 +60,22 @@ func (f *functions) fcall() bool {
 }
 
 // lost records that the server did not have a function: calls use
-// EVALSHA until the library is loaded again.
+// EVALSHA until the library is loaded again, at once, or after loadRetry
+// if it was loaded less than loadRetry ago (a server that keeps losing it
+// costs one load per loadRetry, not one per decision).
 func (f *functions) lost() {
 	if f == nil || !f.on.CompareAndSwap(true, false) {
 		return
 	}
-	f.retry.Store(0)
+	next := f.loaded.Load() + int64(loadRetry)
+	if time.Now().UnixNano() >= next {
+		next = 0
+	}
+	f.retry.Store(next)
 }
 
-// load loads the library on the server, or on every primary of a Cluster.
+// load loads the library on the server, on every primary of a Cluster, or
+// on every shard of a Ring.
 func (f *functions) load() {
 	defer f.loading.Store(false)
 	ctx, cancel := context.WithTimeout(context.Background(), loadTimeout)
@@ -74,18 +83,25 @@ func (f *functions) load() {
 	load := func(ctx context.Context, c Client) error {
 		return c.Process(ctx, goredis.NewStringCmd(ctx, "function", "load", "replace", library.src))
 	}
+	each := func(ctx context.Context, c *goredis.Client) error { return load(ctx, c) }
 	var err error
-	if cluster, ok := f.client.(interface {
+	switch c := f.client.(type) {
+	case interface {
 		ForEachMaster(context.Context, func(context.Context, *goredis.Client) error) error
-	}); ok {
-		err = cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error { return load(ctx, c) })
-	} else {
+	}: // a Cluster
+		err = c.ForEachMaster(ctx, each)
+	case interface {
+		ForEachShard(context.Context, func(context.Context, *goredis.Client) error) error
+	}: // a Ring
+		err = c.ForEachShard(ctx, each)
+	default:
 		err = load(ctx, f.client)
 	}
 	var reply goredis.Error
 	switch {
 	case err == nil:
 		f.loads.Add(1)
+		f.loaded.Store(time.Now().UnixNano())
 		f.on.Store(true)
 	case errors.As(err, &reply) && !transient(err):
 		f.off.Store(true)

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -138,8 +139,26 @@ func TestFunctions(t *testing.T) {
 			if err := c.FunctionFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
+			evals := commandCalls(t, c, "eval")
 			left--
 			take(left) // FCALL finds no function: EVAL
+			if n := commandCalls(t, c, "eval") - evals; n != 1 {
+				t.Errorf("%d EVALs for the take that found no function", n)
+			}
+			// Lost right after it loaded: no load again before loadRetry
+			// has passed, and EVALSHA meanwhile.
+			if s.Functions() || s.fns.retry.Load() <= time.Now().UnixNano() {
+				t.Fatalf("functions %t, next load at %d: want off, and no load before loadRetry", s.Functions(), s.fns.retry.Load())
+			}
+			for range 3 {
+				left--
+				take(left)
+			}
+			time.Sleep(20 * time.Millisecond)
+			if n := s.fns.loads.Load(); n != loads {
+				t.Errorf("%d loads before loadRetry passed, want %d", n, loads)
+			}
+			s.fns.retry.Store(time.Now().UnixNano()) // as if loadRetry had passed
 			waitFunctions(t, s, true)
 			if n := s.fns.loads.Load(); n != loads+1 {
 				t.Errorf("%d loads after the flush, want %d", n, loads+1)
@@ -208,4 +227,30 @@ func TestFunctionsLoadAgainAfterNoAnswer(t *testing.T) {
 	}
 	s.fns.retry.Store(time.Now().UnixNano()) // as if loadRetry had passed
 	waitFunctions(t, s, true)
+}
+
+// TestFunctionsRing: on a Ring, the library loads on every shard, and each
+// key's FCALL finds it there.
+func TestFunctionsRing(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}, ContextTimeoutEnabled: true})
+	defer ring.Close()
+	s := withFunctions(t, New(ring, DefaultPrefix))
+	zl := zoneOf(s, "ring", mustLimit(t, algorithms.TokenBucket, 10, time.Hour, 0, 0))
+	ca, cb := a.Client(), b.Client()
+	before := map[*goredis.Client][2]int64{}
+	for _, c := range []*goredis.Client{ca, cb} {
+		before[c] = [2]int64{commandCalls(t, c, "fcall"), commandCalls(t, c, "eval", "evalsha")}
+	}
+	for i := range 40 {
+		if d, err := zl.Take(context.Background(), fmt.Sprint("key-", i), 0, algorithms.Milli); err != nil || !d.Allowed || d.Remaining != 9 {
+			t.Fatalf("take key-%d: %+v, %v", i, d, err)
+		}
+	}
+	for name, c := range map[string]*goredis.Client{"a": ca, "b": cb} {
+		fcalls, evals := commandCalls(t, c, "fcall")-before[c][0], commandCalls(t, c, "eval", "evalsha")-before[c][1]
+		if fcalls == 0 || evals != 0 {
+			t.Errorf("shard %s: %d FCALLs, %d EVALs and EVALSHAs; want FCALLs only", name, fcalls, evals)
+		}
+	}
 }
