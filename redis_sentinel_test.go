@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
@@ -48,5 +49,15 @@ func TestRedisSentinelFailover(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	time.Sleep(2 * time.Second) // the instances' breakers close and clients follow
+	promoted := goredis.NewClient(&goredis.Options{Addr: s.MasterAddr(t)})
+	defer promoted.Close()
+	fcalls, scripts := redisCalls(t, promoted, "fcall"), redisCalls(t, promoted, "eval")+redisCalls(t, promoted, "evalsha")
 	checkExact(t, hammer(t, tester, "after", 24, 2*time.Second))
+	// The function library came over with replication: the promoted
+	// replica runs every decision by FCALL, with no EVAL for a missing
+	// function.
+	fcalls, scripts = redisCalls(t, promoted, "fcall")-fcalls, redisCalls(t, promoted, "eval")+redisCalls(t, promoted, "evalsha")-scripts
+	if fcalls == 0 || scripts != 0 {
+		t.Errorf("after the failover, the new primary ran %d FCALLs and %d EVALs and EVALSHAs; want FCALLs only", fcalls, scripts)
+	}
 }

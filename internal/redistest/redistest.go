@@ -308,9 +308,12 @@ func StartSentinel(tb testing.TB) *Sentinel {
 	tb.Helper()
 	bin := lookPath(tb, "redis-server")
 	s := &Sentinel{Name: "tollgate-test"}
-	s.Master = StartWith(tb)
+	// No diskless-sync delay: by default a master waits 5s for more
+	// replicas before it sends the first one its data.
+	s.Master = StartWith(tb, "--repl-diskless-sync-delay", "0")
 	_, mport, _ := net.SplitHostPort(s.Master.Addr)
 	s.Replica = StartWith(tb, "--replicaof", "127.0.0.1", mport)
+	s.Replica.waitSynced()
 	for i := 0; i < 3; i++ {
 		port := freePort(tb)
 		dir := tb.TempDir()
@@ -356,6 +359,27 @@ func StartSentinel(tb testing.TB) *Sentinel {
 		_ = c.Close()
 	}
 	return s
+}
+
+// waitSynced waits until s, a replica, has its master's data and follows
+// its writes (master_link_status:up).
+func (s *Server) waitSynced() {
+	s.tb.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: s.Addr})
+	defer c.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := withTimeout(time.Second)
+		info, err := c.Info(ctx, "replication").Result()
+		cancel()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.tb.Fatalf("redistest: replica %s not in sync after 30s: %v %s", s.Addr, err, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // MasterAddr asks a sentinel which server is the master now.

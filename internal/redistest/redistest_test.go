@@ -132,3 +132,21 @@ func TestAddUser(t *testing.T) {
 		t.Fatal("PING with the wrong password succeeded")
 	}
 }
+
+// TestSentinelReplicaInSync: StartSentinel returns with the replica
+// following the master: a write reaches it.
+func TestSentinelReplicaInSync(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	m := s.Master.Client()
+	ctx := context.Background()
+	if err := m.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := m.Wait(ctx, 1, time.Second).Result()
+	if err != nil || n != 1 {
+		t.Fatalf("WAIT 1: %d replicas acknowledged, %v; want 1", n, err)
+	}
+	if v, err := s.Replica.Client().Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET k on the replica: %q, %v", v, err)
+	}
+}
