@@ -1,18 +1,14 @@
 package tollgate
 
 import (
-	"context"
 	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
@@ -136,12 +132,12 @@ func TestRedisExactAcrossThreeInstances(t *testing.T) {
 	for _, tc := range []struct{ pipeline, functions string }{{"on", "on"}, {"off", "on"}, {"on", "off"}} {
 		name := "pipeline=" + tc.pipeline + "/functions=" + tc.functions
 		t.Run(name, func(t *testing.T) {
-			fcalls, evalshas := redisCalls(t, c, "fcall"), redisCalls(t, c, "evalsha")
+			fcalls, evalshas := redistest.Calls(t, c, "fcall"), redistest.Calls(t, c, "evalsha")
 			tester := caddytest.NewTester(t)
 			tester.InitServer(threeInstances("addresses "+srv.Addr+"\n\t\t\t\tpipeline "+tc.pipeline+"\n\t\t\t\tfunctions "+tc.functions), "caddyfile")
 			l := hammer(t, tester, "one-key-"+tc.pipeline+"-"+tc.functions, 48, 3*time.Second)
 			checkExact(t, l)
-			fcalls, evalshas = redisCalls(t, c, "fcall")-fcalls, redisCalls(t, c, "evalsha")-evalshas
+			fcalls, evalshas = redistest.Calls(t, c, "fcall")-fcalls, redistest.Calls(t, c, "evalsha")-evalshas
 			t.Logf("%d FCALLs, %d EVALSHAs", fcalls, evalshas)
 			if tc.functions == "off" && fcalls != 0 {
 				t.Errorf("%d FCALLs with functions off", fcalls)
@@ -153,26 +149,6 @@ func TestRedisExactAcrossThreeInstances(t *testing.T) {
 			}
 		})
 	}
-}
-
-// redisCalls returns how many times the server has run command name, from
-// INFO commandstats.
-func redisCalls(t *testing.T, c *goredis.Client, name string) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if prefix := "cmdstat_" + name + ":calls="; strings.HasPrefix(line, prefix) {
-			n, err := strconv.ParseInt(strings.Split(strings.TrimPrefix(line, prefix), ",")[0], 10, 64)
-			if err != nil {
-				t.Fatalf("commandstats line %q: %v", line, err)
-			}
-			return n
-		}
-	}
-	return 0
 }
 
 func TestRedisClusterThroughCaddy(t *testing.T) {

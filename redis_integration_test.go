@@ -401,7 +401,7 @@ func TestRedisFunctionsRefusedWarnsOnce(t *testing.T) {
 	if n := strings.Count(string(raw), "refused Tollgate's function library"); n != 1 || !strings.Contains(string(raw), "NOPERM") {
 		t.Errorf("%d warnings of the refusal (want 1, with NOPERM) in:\n%s", n, raw)
 	}
-	if n := redisCalls(t, admin, "fcall"); n != 0 {
+	if n := redistest.Calls(t, admin, "fcall"); n != 0 {
 		t.Errorf("%d FCALLs on a Redis that refused the library", n)
 	}
 }

@@ -51,12 +51,12 @@ func TestRedisSentinelFailover(t *testing.T) {
 	time.Sleep(2 * time.Second) // the instances' breakers close and clients follow
 	promoted := goredis.NewClient(&goredis.Options{Addr: s.MasterAddr(t)})
 	defer promoted.Close()
-	fcalls, scripts := redisCalls(t, promoted, "fcall"), redisCalls(t, promoted, "eval")+redisCalls(t, promoted, "evalsha")
+	fcalls, scripts := redistest.Calls(t, promoted, "fcall"), redistest.Calls(t, promoted, "eval")+redistest.Calls(t, promoted, "evalsha")
 	checkExact(t, hammer(t, tester, "after", 24, 2*time.Second))
 	// The function library came over with replication: the promoted
 	// replica runs every decision by FCALL, with no EVAL for a missing
 	// function.
-	fcalls, scripts = redisCalls(t, promoted, "fcall")-fcalls, redisCalls(t, promoted, "eval")+redisCalls(t, promoted, "evalsha")-scripts
+	fcalls, scripts = redistest.Calls(t, promoted, "fcall")-fcalls, redistest.Calls(t, promoted, "eval")+redistest.Calls(t, promoted, "evalsha")-scripts
 	if fcalls == 0 || scripts != 0 {
 		t.Errorf("after the failover, the new primary ran %d FCALLs and %d EVALs and EVALSHAs; want FCALLs only", fcalls, scripts)
 	}

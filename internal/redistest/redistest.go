@@ -95,6 +95,32 @@ func (s *Server) Client() *goredis.Client {
 	return c
 }
 
+// Calls returns how many times the server c talks to has run the commands
+// named (lower case, as INFO commandstats names them: "fcall",
+// "evalsha"), failed calls included.
+func Calls(tb testing.TB, c *goredis.Client, names ...string) int64 {
+	tb.Helper()
+	ctx, cancel := withTimeout(5 * time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		tb.Fatalf("redistest: INFO commandstats: %v", err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range names {
+			if prefix := "cmdstat_" + name + ":calls="; strings.HasPrefix(line, prefix) {
+				v, err := strconv.ParseInt(strings.Split(strings.TrimPrefix(line, prefix), ",")[0], 10, 64)
+				if err != nil {
+					tb.Fatalf("redistest: commandstats line %q: %v", line, err)
+				}
+				n += v
+			}
+		}
+	}
+	return n
+}
+
 // AddUser creates an ACL user that logs in with password and may run
 // every command on every key and channel except the rules' (ACL SETUSER
 // syntax: "-function|load" denies FUNCTION LOAD).

@@ -150,3 +150,23 @@ func TestSentinelReplicaInSync(t *testing.T) {
 		t.Fatalf("GET k on the replica: %q, %v", v, err)
 	}
 }
+
+// TestCalls: Calls counts the commands named, and only those.
+func TestCalls(t *testing.T) {
+	s := redistest.Start(t)
+	c := s.Client()
+	ctx := context.Background()
+	set, get := redistest.Calls(t, c, "set"), redistest.Calls(t, c, "get")
+	for range 3 {
+		if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = c.Get(ctx, "k").Err()
+	if n := redistest.Calls(t, c, "set") - set; n != 3 {
+		t.Errorf("%d SETs counted, want 3", n)
+	}
+	if n := redistest.Calls(t, c, "set", "get") - set - get; n != 4 {
+		t.Errorf("%d SETs and GETs counted, want 4", n)
+	}
+}

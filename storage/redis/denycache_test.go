@@ -2,8 +2,6 @@ package redis
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,27 +16,7 @@ import (
 // and FCALL), from INFO commandstats.
 func scriptCalls(t *testing.T, c *goredis.Client) int64 {
 	t.Helper()
-	return commandCalls(t, c, "evalsha", "eval", "fcall")
-}
-
-// commandCalls returns how many times the server has run the commands
-// named, from INFO commandstats.
-func commandCalls(t *testing.T, c *goredis.Client, names ...string) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, line := range strings.Split(info, "\n") {
-		for _, name := range names {
-			if prefix := "cmdstat_" + name + ":calls="; strings.HasPrefix(line, prefix) {
-				v, _ := strconv.ParseInt(strings.TrimSpace(strings.Split(strings.TrimPrefix(line, prefix), ",")[0]), 10, 64)
-				n += v
-			}
-		}
-	}
-	return n
+	return redistest.Calls(t, c, "evalsha", "eval", "fcall")
 }
 
 func cachedStore(c *goredis.Client) *Store {

@@ -112,7 +112,7 @@ func TestFunctions(t *testing.T) {
 			if libs := libraries(t, c); len(libs) != 1 || libs[0] != library.name {
 				t.Fatalf("libraries %v, want [%s]", libs, library.name)
 			}
-			fcalls, evalshas := commandCalls(t, c, "fcall"), commandCalls(t, c, "evalsha")
+			fcalls, evalshas := redistest.Calls(t, c, "fcall"), redistest.Calls(t, c, "evalsha")
 			// Concurrent takes, so that the pipelined store batches them.
 			var wg sync.WaitGroup
 			for range 20 {
@@ -128,10 +128,10 @@ func TestFunctions(t *testing.T) {
 			left -= 20
 			take(left - 1)
 			left--
-			if n := commandCalls(t, c, "fcall") - fcalls; n != 21 {
+			if n := redistest.Calls(t, c, "fcall") - fcalls; n != 21 {
 				t.Errorf("%d FCALLs for 21 takes", n)
 			}
-			if n := commandCalls(t, c, "evalsha") - evalshas; n != 0 {
+			if n := redistest.Calls(t, c, "evalsha") - evalshas; n != 0 {
 				t.Errorf("%d EVALSHAs with the library loaded", n)
 			}
 
@@ -139,10 +139,10 @@ func TestFunctions(t *testing.T) {
 			if err := c.FunctionFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
-			evals := commandCalls(t, c, "eval")
+			evals := redistest.Calls(t, c, "eval")
 			left--
 			take(left) // FCALL finds no function: EVAL
-			if n := commandCalls(t, c, "eval") - evals; n != 1 {
+			if n := redistest.Calls(t, c, "eval") - evals; n != 1 {
 				t.Errorf("%d EVALs for the take that found no function", n)
 			}
 			// Lost right after it loaded: no load again before loadRetry
@@ -201,7 +201,7 @@ func TestFunctionsRefused(t *testing.T) {
 	if s.Functions() || len(libraries(t, admin)) != 0 {
 		t.Errorf("functions %t, libraries %v after a refusal", s.Functions(), libraries(t, admin))
 	}
-	if n := commandCalls(t, admin, "fcall"); n != 0 {
+	if n := redistest.Calls(t, admin, "fcall"); n != 0 {
 		t.Errorf("%d FCALLs after a refusal", n)
 	}
 }
@@ -240,7 +240,7 @@ func TestFunctionsRing(t *testing.T) {
 	ca, cb := a.Client(), b.Client()
 	before := map[*goredis.Client][2]int64{}
 	for _, c := range []*goredis.Client{ca, cb} {
-		before[c] = [2]int64{commandCalls(t, c, "fcall"), commandCalls(t, c, "eval", "evalsha")}
+		before[c] = [2]int64{redistest.Calls(t, c, "fcall"), redistest.Calls(t, c, "eval", "evalsha")}
 	}
 	for i := range 40 {
 		if d, err := zl.Take(context.Background(), fmt.Sprint("key-", i), 0, algorithms.Milli); err != nil || !d.Allowed || d.Remaining != 9 {
@@ -248,7 +248,7 @@ func TestFunctionsRing(t *testing.T) {
 		}
 	}
 	for name, c := range map[string]*goredis.Client{"a": ca, "b": cb} {
-		fcalls, evals := commandCalls(t, c, "fcall")-before[c][0], commandCalls(t, c, "eval", "evalsha")-before[c][1]
+		fcalls, evals := redistest.Calls(t, c, "fcall")-before[c][0], redistest.Calls(t, c, "eval", "evalsha")-before[c][1]
 		if fcalls == 0 || evals != 0 {
 			t.Errorf("shard %s: %d FCALLs, %d EVALs and EVALSHAs; want FCALLs only", name, fcalls, evals)
 		}
