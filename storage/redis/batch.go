@@ -11,33 +11,78 @@ import (
 )
 
 // runner runs one script call and returns its integer reply: directly, one
-// round trip each, or through a batcher that shares round trips. args is
-// the whole command, as evalArgs starts it: "evalsha" and the script's
-// hash (or "fcall" and its function's name), the number of keys, the
-// keys, the script's arguments.
+// round trip each, or through a batcher that shares round trips. It takes
+// c (from newCall) over, and recycles it unless the call's caller leaves
+// it to a batch still on its way.
 type runner interface {
-	run(ctx context.Context, sc *script, args []any) ([]int64, error)
+	run(ctx context.Context, c *call) ([]int64, error)
 }
 
-// evalArgs returns an EVALSHA command of sc with nkeys keys (boxed once)
-// and room for n more keys and arguments, which the caller appends; an
-// FCALL of its function if fcall.
-func evalArgs(sc *script, fcall bool, nkeys int, n int) []any {
-	args := make([]any, 3, 3+n)
-	args[0], args[1] = "evalsha", sc.hash
+// call is one script call: its command, built in the call's own buffer
+// (args is "evalsha" and the script's hash, or "fcall" and its function's
+// name, the number of keys, the keys, the script's arguments), the
+// go-redis command that carries it, and, through a batcher, its wait for
+// its batch. Calls are recycled: a decision allocates neither its
+// arguments' array nor its command.
+type call struct {
+	ctx  context.Context
+	sc   *script
+	args []any
+	buf  [callArgs]any
+	cmd  goredis.IntSliceCmd
+	v    []int64
+	err  error
+	done chan struct{} // one send when v and err are set (buffered: never blocks)
+}
+
+// callArgs is the room a call's buffer has for its command: a one-key
+// script's 3 + 7 + 4 constants, or multi.lua's for two zones (3 + 2 keys +
+// 3 + 2 × 11); a longer command (more zones in one script) grows past it.
+const callArgs = 32
+
+// calls recycles the calls whose callers took their replies: a call whose
+// caller went away may still be in a queue or a batch, and is left to the
+// garbage collector.
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// newCall returns a call of sc, whose args start its EVALSHA command with
+// nkeys keys (boxed once), or its FCALL if fcall; the caller appends the
+// keys and arguments.
+func newCall(sc *script, fcall bool, nkeys int) *call {
+	c := calls.Get().(*call)
+	c.sc = sc
+	c.args = append(c.buf[:0], "evalsha", sc.hash, nil)
 	if fcall {
-		args[0], args[1] = "fcall", sc.fn
+		c.args[0], c.args[1] = "fcall", sc.fn
 	}
 	if nkeys == 1 {
-		args[2] = oneKey
+		c.args[2] = oneKey
 	} else {
-		args[2] = nkeys
+		c.args[2] = nkeys
 	}
-	return args
+	return c
+}
+
+// release recycles c once its caller has its reply.
+func (c *call) release() {
+	*c = call{done: c.done}
+	calls.Put(c)
 }
 
 // oneKey is the key count of a one-key script, boxed once.
 var oneKey any = "1"
+
+// reply returns what c's command got (v and err of its Result).
+func (c *call) reply() ([]int64, error) { return c.cmd.Result() }
+
+// prepare sets c's command up to run args (c.args, or the same as EVAL),
+// its first key marked for a Cluster client's routing: go-redis finds it
+// in EVAL and EVALSHA, but not in FCALL.
+func (c *call) prepare(ctx context.Context, args []any) *goredis.IntSliceCmd {
+	c.cmd = *goredis.NewIntSliceCmd(ctx, args...)
+	c.cmd.SetFirstKeyPos(3)
+	return &c.cmd
+}
 
 // withSource returns an EVALSHA or FCALL command as EVAL of the script's
 // source, for a server that does not have the script (NOSCRIPT) or the
@@ -65,15 +110,6 @@ func missing(err error, fns *functions) bool {
 	return false
 }
 
-// scriptCmd returns the command of a script call (see runner), its first
-// key marked for a Cluster client's routing: go-redis finds it in EVAL and
-// EVALSHA, but not in FCALL.
-func scriptCmd(ctx context.Context, args []any) *goredis.IntSliceCmd {
-	cmd := goredis.NewIntSliceCmd(ctx, args...)
-	cmd.SetFirstKeyPos(3)
-	return cmd
-}
-
 // direct runs each script call on its own round trip: EVALSHA (or FCALL),
 // and EVAL when the server lacks the script, as go-redis's Script.Run
 // does. The reply is read straight into integers (an IntSliceCmd),
@@ -83,14 +119,13 @@ type direct struct {
 	fns    *functions // nil: no functions
 }
 
-func (d direct) run(ctx context.Context, sc *script, args []any) ([]int64, error) {
-	cmd := scriptCmd(ctx, args)
-	_ = d.client.Process(ctx, cmd)
-	v, err := cmd.Result()
+func (d direct) run(ctx context.Context, c *call) ([]int64, error) {
+	defer c.release()
+	_ = d.client.Process(ctx, c.prepare(ctx, c.args))
+	v, err := c.reply()
 	if missing(err, d.fns) {
-		cmd = scriptCmd(ctx, withSource(sc, args))
-		_ = d.client.Process(ctx, cmd)
-		v, err = cmd.Result()
+		_ = d.client.Process(ctx, c.prepare(ctx, withSource(c.sc, c.args)))
+		v, err = c.reply()
 	}
 	return v, err
 }
@@ -140,21 +175,6 @@ type batcher struct {
 	once     sync.Once
 }
 
-// call is one script call waiting for its batch.
-type call struct {
-	ctx  context.Context
-	sc   *script
-	args []any // the EVALSHA command (see runner)
-	v    []int64
-	err  error
-	done chan struct{} // one send when v and err are set (buffered: never blocks)
-}
-
-// calls recycles the calls whose callers took their replies: a call whose
-// caller went away may still be in a queue or a batch, and is left to the
-// garbage collector.
-var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
-
 // finish hands c its reply.
 func (c *call) finish() { c.done <- struct{}{} }
 
@@ -195,30 +215,35 @@ func newBatcher(client interface {
 	return b
 }
 
-func (b *batcher) run(ctx context.Context, sc *script, args []any) ([]int64, error) {
+func (b *batcher) run(ctx context.Context, c *call) ([]int64, error) {
 	select {
 	case <-b.stop:
+		c.release()
 		return nil, goredis.ErrClosed
 	default:
 	}
 	defer b.inflight.Add(-1)
 	if b.inflight.Add(1) == 1 {
-		return direct{b.client, b.fns}.run(ctx, sc, args)
+		return direct{b.client, b.fns}.run(ctx, c)
 	}
-	c := calls.Get().(*call)
-	c.ctx, c.sc, c.args = ctx, sc, args
+	c.ctx = ctx
 	select {
-	case b.calls <- c:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-b.stop:
-		return nil, goredis.ErrClosed
+	case b.calls <- c: // the queue has room: no need to watch ctx and stop
+	default:
+		select {
+		case b.calls <- c:
+		case <-ctx.Done():
+			c.release()
+			return nil, ctx.Err()
+		case <-b.stop:
+			c.release()
+			return nil, goredis.ErrClosed
+		}
 	}
 	select {
 	case <-c.done:
 		v, err := c.v, c.err
-		*c = call{done: c.done}
-		calls.Put(c)
+		c.release()
 		return v, err
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -300,27 +325,36 @@ func (b *batcher) drain(batch []*call) []*call {
 	return batch
 }
 
-// sender sends the batches the dispatcher hands it, one at a time.
+// sender sends the batches the dispatcher hands it, one at a time, each
+// through its own pipeline (go-redis empties a pipeline when it runs it).
 func (b *batcher) sender() {
 	defer b.stopped.Done()
+	o := outbox{p: b.client.Pipeline()}
 	for {
 		select {
 		case <-b.stop:
 			return
 		case batch := <-b.batches:
 			b.sent.Add(1)
-			b.send(batch)
+			b.send(&o, batch)
 			b.landed <- struct{}{} // buffered for every sender: never blocks
 		}
 	}
 }
 
+// outbox is what a sender reuses from one batch to the next: its pipeline,
+// and room for a batch's commands, which go into the pipeline in one step
+// (one at a time, the pipeline's list grows a few times per batch).
+type outbox struct {
+	p    goredis.Pipeliner
+	cmds []goredis.Cmder
+}
+
 // send runs a batch as one pipeline of EVALSHA (or FCALL), then, for the
 // calls that found their script missing (a restarted or new server), one
-// of EVAL. Its
-// deadline is the latest of its calls' (those whose caller went away are
-// skipped).
-func (b *batcher) send(batch []*call) {
+// of EVAL. Its deadline is the latest of its calls' (those whose caller
+// went away are skipped).
+func (b *batcher) send(o *outbox, batch []*call) {
 	live := batch[:0]
 	var latest time.Time
 	bounded := true // every live call has a deadline
@@ -346,10 +380,10 @@ func (b *batcher) send(batch []*call) {
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
-	cmds := b.pipeline(ctx, live, func(c *call) []any { return c.args })
+	o.send(ctx, live, func(c *call) []any { return c.args })
 	var again []*call // the calls that found their script missing
-	for i, c := range live {
-		c.v, c.err = cmds[i].Result()
+	for _, c := range live {
+		c.v, c.err = c.reply()
 		if missing(c.err, b.fns) {
 			again = append(again, c)
 			continue
@@ -359,22 +393,21 @@ func (b *batcher) send(batch []*call) {
 	if len(again) == 0 {
 		return
 	}
-	cmds = b.pipeline(ctx, again, func(c *call) []any { return withSource(c.sc, c.args) })
-	for i, c := range again {
-		c.v, c.err = cmds[i].Result()
+	o.send(ctx, again, func(c *call) []any { return withSource(c.sc, c.args) })
+	for _, c := range again {
+		c.v, c.err = c.reply()
 		c.finish()
 	}
 }
 
-// pipeline queues one command per call (args returns its arguments) and
-// sends them.
-func (b *batcher) pipeline(ctx context.Context, calls []*call, args func(*call) []any) []*goredis.IntSliceCmd {
-	p := b.client.Pipeline()
-	cmds := make([]*goredis.IntSliceCmd, len(calls))
-	for i, c := range calls {
-		cmds[i] = scriptCmd(ctx, args(c))
-		_ = p.Process(ctx, cmds[i])
+// send queues one command per call (args returns its arguments) and sends
+// them as one pipeline; each call's reply is in its command.
+func (o *outbox) send(ctx context.Context, calls []*call, args func(*call) []any) {
+	o.cmds = o.cmds[:0]
+	for _, c := range calls {
+		o.cmds = append(o.cmds, c.prepare(ctx, args(c)))
 	}
-	_, _ = p.Exec(ctx) // each command carries its own error
-	return cmds
+	_ = o.p.BatchProcess(ctx, o.cmds...)
+	clear(o.cmds)        // the commands belong to their calls, which are recycled
+	_, _ = o.p.Exec(ctx) // each command carries its own error
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -310,7 +311,8 @@ func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, par
 // group g, and stores their decisions in ds (a part that gives back reads
 // there the decision that charged it).
 func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []part, g []int, ds []algorithms.Decision) error {
-	args := evalArgs(multiScript, s.fns.fcall(), len(g), len(g)+3+11*len(g))
+	c := newCall(multiScript, s.fns.fcall(), len(g))
+	args := slices.Grow(c.args, len(g)+3+11*len(g))
 	for _, i := range g {
 		args = append(args, parts[i].key)
 	}
@@ -329,7 +331,8 @@ func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []pa
 		args = append(args, p.z.consts...)
 		args = append(args, groupIndex(g, p.strike-1)+1)
 	}
-	v, err := s.run.run(ctx, multiScript, args)
+	c.args = args
+	v, err := s.run.run(ctx, c)
 	if err == nil && len(v) != 6*len(g) {
 		err = fmt.Errorf("%w: %v", errReply, v)
 	}

@@ -137,10 +137,10 @@ func (z *zone) runKey(ctx context.Context, op, rkey string, now, x int64, taken 
 	if err := ctx.Err(); err != nil {
 		return d, false, err
 	}
-	args := evalArgs(z.script, z.store.fns.fcall(), 1, 7+len(z.consts))
-	args = append(args, rkey, word(op), z.store.clock(now), z.store.ttlSlack, z.arg(x), taken.At, taken.Reset)
-	args = append(args, z.consts...)
-	v, err := z.store.run.run(ctx, z.script, args)
+	c := newCall(z.script, z.store.fns.fcall(), 1)
+	c.args = append(c.args, rkey, word(op), z.store.clock(now), z.store.ttlSlack, z.arg(x), taken.At, taken.Reset)
+	c.args = append(c.args, z.consts...)
+	v, err := z.store.run.run(ctx, c)
 	if err != nil {
 		return d, false, err
 	}
