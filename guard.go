@@ -108,10 +108,6 @@ func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit, storeName
 	if role != roleBan {
 		p.policy = policyItem(z.name, l)
 		p.limitValue = l.Events
-		p.remainingValues = make([]any, min(l.Burst, 1024)+1)
-		for n := range p.remainingValues {
-			p.remainingValues[n] = int64(n)
-		}
 	}
 	var err error
 	if p.limiter, err = h.backend.OpenLimiter(p.spec); err != nil {

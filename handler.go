@@ -251,7 +251,7 @@ func (h *Handler) noteDryRuns(r *http.Request, results []result) {
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, results []result, now int64) (goOn bool, err error) {
 	h.writeHeaders(w.Header(), results, -1, -1, now)
 	if len(results) > 0 {
-		setQuotaPlaceholders(repl, &results[mostRestrictive(results, -1)])
+		placeholdersOf(repl).setQuota(&results[mostRestrictive(results, -1)])
 	}
 	if h.slots || maxDelay(results) > 0 {
 		return false, h.admitHeld(w, r, next, results)
@@ -315,14 +315,9 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 	}
 	h.writeHeaders(w.Header(), results, rejected, retryAfter, now)
-	repl.Set("http.rate_limit.zone", res.z.name)
-	repl.Set("http.rate_limit.exceeded.name", res.z.name)
-	setQuotaPlaceholders(repl, quota)
-	if retryAfter >= 0 {
-		repl.Set("http.rate_limit.retry_after", retryAfter)
-	} else {
-		repl.Set("http.rate_limit.retry_after", "")
-	}
+	p := placeholdersOf(repl)
+	p.setQuota(quota)
+	p.rejected, p.retryAfter = res.z, retryAfter
 	h.logReject(r, res, false)
 	h.emitExceeded(r, res, false)
 	return answer(w, r, h.status, errRateLimited{zone: res.z.name})
@@ -346,15 +341,6 @@ func admitWait(results []result) int64 {
 		wait = max(wait, d.Wait)
 	}
 	return wait
-}
-
-// setQuotaPlaceholders sets {http.rate_limit.limit} and
-// {http.rate_limit.remaining} from res, for later handlers and
-// handle_errors: on an allowed request the most restrictive zone's, on a
-// rejected one the rejecting zone's.
-func setQuotaPlaceholders(repl *caddy.Replacer, res *result) {
-	repl.Set("http.rate_limit.limit", res.z.limitValue)
-	repl.Set("http.rate_limit.remaining", res.z.remainingValue(res.d.Remaining))
 }
 
 // errRateLimited is the error a rejected request is answered with.

@@ -263,6 +263,52 @@ func TestHandleErrorsSeesPlaceholders(t *testing.T) {
 		"503 zone=errs exceeded=errs retry=60 limit=1 remaining=0"})
 }
 
+// TestPlaceholdersOfSeveralHandlers: when two rate_limit handlers decide
+// one request, the placeholders report the last one to decide (not the
+// tighter), and those of a rejection appear only once one rejects, from
+// whichever handler rejects.
+func TestPlaceholdersOfSeveralHandlers(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		route {
+			rate_limit {
+				zone outer {
+					key {http.request.header.X-Client}
+					rate 3/h
+				}
+			}
+			rate_limit {
+				zone inner {
+					key {http.request.header.X-Inner}
+					rate 10/h
+				}
+				status 503
+			}
+			respond "limit={http.rate_limit.limit} remaining={http.rate_limit.remaining} zone={http.rate_limit.zone}"
+		}
+		handle_errors {
+			respond "{err.status_code} zone={http.rate_limit.zone} exceeded={http.rate_limit.exceeded.name} retry={http.rate_limit.retry_after} limit={http.rate_limit.limit} remaining={http.rate_limit.remaining}"
+		}
+	}`, "caddyfile")
+	// Allowed by both: the inner handler decided last.
+	for i := range 3 {
+		resp, body := get(t, tester, "/", "X-Client: a", "X-Inner: a")
+		check(t, fmt.Sprintf("allowed %d", i), resp, body, want{200, nil, fmt.Sprintf("limit=10 remaining=%d zone={http.rate_limit.zone}", 9-i)})
+	}
+	// The outer handler rejects the fourth: its placeholders, the
+	// rejection's included.
+	resp, body := get(t, tester, "/", "X-Client: a", "X-Inner: a")
+	check(t, "rejected by outer", resp, body, want{429, nil, "429 zone=outer exceeded=outer retry=1200 limit=3 remaining=0"})
+	// The inner handler rejects after the outer one admitted: the inner
+	// one's.
+	for i := range 7 {
+		get(t, tester, "/", fmt.Sprintf("X-Client: c%d", i), "X-Inner: a")
+	}
+	resp, body = get(t, tester, "/", "X-Client: last", "X-Inner: a")
+	check(t, "rejected by inner", resp, body, want{503, nil, "503 zone=inner exceeded=inner retry=360 limit=10 remaining=0"})
+}
+
 func TestRejectionWithoutHandleErrorsHasEmptyBody(t *testing.T) {
 	tester := caddytest.NewTester(t)
 	tester.InitServer(globalOptions+`

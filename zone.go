@@ -193,11 +193,8 @@ type zone struct {
 	// this rate, when they are all a request applies; built once.
 	zonePolicy string
 
-	// The {http.rate_limit.limit} and {http.rate_limit.remaining} values,
-	// boxed once: the replacer keeps values as any, and boxing a number
-	// above 255 allocates on every request.
-	limitValue      any
-	remainingValues []any // remainingValues[n] is n, for n <= min(burst, 1024)
+	// The {http.rate_limit.limit} value, boxed once (see placeholders).
+	limitValue any
 
 	metrics *zoneMetrics // nil when Caddy's metrics are off
 	errLog  logThrottle  // store failures log at most once per logThrottleInterval
@@ -588,13 +585,4 @@ func policyItem(name string, l algorithms.Limit) string {
 		w = (l.Window + second - 1) / second
 	}
 	return `"` + name + `";q=` + strconv.FormatInt(q, 10) + `;w=` + strconv.FormatInt(w, 10)
-}
-
-// remainingValue is n boxed for the replacer, without allocating for the
-// values a zone usually reports.
-func (z *zone) remainingValue(n int64) any {
-	if n >= 0 && n < int64(len(z.remainingValues)) {
-		return z.remainingValues[n]
-	}
-	return n
 }
