@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
@@ -420,6 +421,101 @@ func TestEventOnEveryRejection(t *testing.T) {
 		if _, ok := e.data["key"]; ok {
 			t.Errorf("event %d: data %v has the key without log_key", i, e.data)
 		}
+	}
+}
+
+// TestSubscribed: which configured subscriptions receive an event of
+// Tollgate's, as Caddy's events app passes it on (by name or to all
+// events; from the module, a namespace above it, or any module).
+func TestSubscribed(t *testing.T) {
+	const id = "http.handlers.rate_limit"
+	sub := func(events []string, modules ...caddy.ModuleID) *caddyevents.Subscription {
+		return &caddyevents.Subscription{Events: events, Modules: modules}
+	}
+	for _, c := range []struct {
+		name string
+		subs []*caddyevents.Subscription
+		want bool
+	}{
+		{"none", nil, false},
+		{"another event", []*caddyevents.Subscription{sub([]string{"cert_obtained"})}, false},
+		{"the event", []*caddyevents.Subscription{sub([]string{"cert_obtained"}), sub([]string{eventExceeded})}, true},
+		{"all events", []*caddyevents.Subscription{sub(nil)}, true},
+		{"all events, by empty name", []*caddyevents.Subscription{sub([]string{""})}, true},
+		{"from the module", []*caddyevents.Subscription{sub([]string{eventExceeded}, id)}, true},
+		{"from a namespace above", []*caddyevents.Subscription{sub(nil, "http.handlers")}, true},
+		{"from the top namespace", []*caddyevents.Subscription{sub(nil, "http")}, true},
+		{"from any module, by empty ID", []*caddyevents.Subscription{sub(nil, "")}, true},
+		{"from another module", []*caddyevents.Subscription{sub([]string{eventExceeded}, "tls")}, false},
+		{"from a module whose ID only starts like it", []*caddyevents.Subscription{sub(nil, "http.handlers.rate")}, false},
+		{"from a module below", []*caddyevents.Subscription{sub(nil, id+".x")}, false},
+		{"a nil subscription", []*caddyevents.Subscription{nil}, false},
+	} {
+		if got := subscribed(c.subs, eventExceeded, id); got != c.want {
+			t.Errorf("%s: subscribed = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestEventsOnlyWhereSubscribed: an event goes to the events app only
+// when a configured subscription can receive it. The events app logs
+// every event it is given (at DEBUG), so the log shows whether one was
+// emitted; a subscription that can receive it records it.
+func TestEventsOnlyWhereSubscribed(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		sub  string // the subscription's events and modules
+		want bool
+	}{
+		{"another event", `"events": ["cert_obtained"]`, false},
+		{"from another module", `"events": ["rate_limit_exceeded"], "modules": ["tls"]`, false},
+		{"only bans", `"events": ["rate_limit_banned"]`, false},
+		{"all events from a namespace above", `"modules": ["http.handlers"]`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			recorded.Lock()
+			recorded.events = nil
+			recorded.Unlock()
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			config := strings.Replace(jsonConfig(`
+				"events": {"subscriptions": [{`+c.sub+`,
+					"handlers": [{"handler": "tollgate_test_recorder"}]
+				}]},`, `
+				{"handler": "rate_limit",
+				 "rate_limits": {
+					"evsub": {"key": "{http.request.header.X-Client}", "events": 1, "window": "1h"}
+				 }},
+				{"handler": "static_response", "body": "ok"}`), `"admin"`, `"logging": {"logs": {"default": {
+					"writer": {"output": "file", "filename": "`+logFile+`"},
+					"encoder": {"format": "json"}, "level": "DEBUG"}}},
+				"admin"`, 1)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(config, "json")
+			for i, w := range []int{200, 429, 429} {
+				resp, _ := get(t, tester, "/", "X-Client: "+c.name)
+				check(t, fmt.Sprintf("step %d", i), resp, "", want{status: w})
+			}
+			var evs []recordedEvent
+			if c.want {
+				evs = waitEvents(2)
+			} else {
+				time.Sleep(200 * time.Millisecond) // let any event arrive
+				evs = waitEvents(0)
+			}
+			emitted := 0
+			for _, l := range logLines(t, logFile, "events") {
+				if l["msg"] == "event" && l["name"] == eventExceeded {
+					emitted++
+				}
+			}
+			want := 0
+			if c.want {
+				want = 2
+			}
+			if len(evs) != want || emitted != want {
+				t.Errorf("%d events recorded, %d emitted (Caddy's log), want %d", len(evs), emitted, want)
+			}
+		})
 	}
 }
 
