@@ -251,7 +251,7 @@ func (h *Handler) noteDryRuns(r *http.Request, results []result) {
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, results []result, now int64) (goOn bool, err error) {
 	h.writeHeaders(w.Header(), results, -1, -1, now)
 	if len(results) > 0 {
-		placeholdersOf(repl).setQuota(&results[mostRestrictive(results, -1)])
+		placeholdersOf(r, repl).setQuota(&results[mostRestrictive(results, -1)])
 	}
 	if h.slots || maxDelay(results) > 0 {
 		return false, h.admitHeld(w, r, next, results)
@@ -315,7 +315,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 	}
 	h.writeHeaders(w.Header(), results, rejected, retryAfter, now)
-	p := placeholdersOf(repl)
+	p := placeholdersOf(r, repl)
 	p.setQuota(quota)
 	p.rejected, p.retryAfter = res.z, retryAfter
 	h.logReject(r, res, false)

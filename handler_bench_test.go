@@ -2,6 +2,7 @@ package tollgate
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -183,6 +184,45 @@ func allocated(f func()) (allocs, bytes float64) {
 		bytes = min(bytes, float64(m1.TotalAlloc-m0.TotalAlloc))
 	}
 	return allocs, bytes
+}
+
+// TestDecisionAsksTheReplacerNothing: deciding a request whose key needs
+// no placeholder (the client IP, one header), admitted or rejected, asks
+// none of its replacer's providers for anything: Caddy's HTTP provider,
+// the largest of them, has a stack frame that made request goroutines
+// grow their stacks again, as the placeholders' lookup through the
+// replacer once did.
+func TestDecisionAsksTheReplacerNothing(t *testing.T) {
+	for _, key := range []string{"", "{http.request.header.X-API-Key}"} {
+		z := Zone{Key: key, Events: 1, Window: caddy.Duration(3600e9)}
+		h := &Handler{RateLimits: map[string]*Zone{"asks": &z}}
+		provisionBench(t, h)
+		for i, status := range []int{200, 429} {
+			repl := caddy.NewReplacer()
+			r := caddyhttp.PrepareRequest(benchRequests(1)[0], repl, nil, nil)
+			caddyhttp.SetVar(r.Context(), caddyhttp.ClientIPVarKey, "10.9.9.9")
+			var asked []string
+			repl.Map(func(key string) (any, bool) {
+				asked = append(asked, key)
+				return nil, false
+			})
+			err := h.ServeHTTP(&nopWriter{h: make(http.Header)}, r, nextOK)
+			var herr caddyhttp.HandlerError
+			if got := 200; err != nil {
+				if errors.As(err, &herr) {
+					got = herr.StatusCode
+				}
+				if got != status {
+					t.Fatalf("key %q, request %d: %v, want %d", key, i, err, status)
+				}
+			} else if status != 200 {
+				t.Fatalf("key %q, request %d: admitted, want %d", key, i, status)
+			}
+			if len(asked) > 0 {
+				t.Errorf("key %q, request %d (%d): the replacer's providers were asked for %q", key, i, status, asked)
+			}
+		}
+	}
 }
 
 // TestAdmittedRequestGoesOnFromServeHTTP: an admitted request goes on down

@@ -1,9 +1,11 @@
 package tollgate
 
 import (
+	"net/http"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // placeholders are a request's {http.rate_limit.*} values, which later
@@ -23,24 +25,28 @@ type placeholders struct {
 	retryAfter int64 // seconds; -1: none
 }
 
-const (
-	placeholderPrefix = "http.rate_limit."
-	// placeholdersSelf is where a handler finds the provider an earlier
-	// handler of the same request added: a name no placeholder of a
-	// Caddyfile can spell.
-	placeholdersSelf = placeholderPrefix + "\x00"
-)
+const placeholderPrefix = "http.rate_limit."
 
-// placeholdersOf returns the placeholders of the request whose replacer is
-// repl, adding their provider to it if no handler has yet.
-func placeholdersOf(repl *caddy.Replacer) *placeholders {
-	if v, ok := repl.Get(placeholdersSelf); ok {
-		if p, ok := v.(*placeholders); ok {
-			return p
-		}
+// placeholdersVar is the request variable (Caddy's vars, which every
+// request has) under which a handler finds the placeholders an earlier
+// handler of the same request added: a name that no `vars` directive or
+// {http.vars.*} placeholder of a Caddyfile can spell. Asking the replacer
+// instead walked all its providers, Caddy's largest among them, whose
+// stack frame made request goroutines grow their stacks again.
+const placeholdersVar = "\x00rate_limit"
+
+// placeholdersOf returns the placeholders of r, whose replacer is repl,
+// adding their provider to it if no handler has yet.
+func placeholdersOf(r *http.Request, repl *caddy.Replacer) *placeholders {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if p, ok := vars[placeholdersVar].(*placeholders); ok {
+		return p
 	}
 	p := &placeholders{retryAfter: -1}
 	repl.Map(p.get)
+	if vars != nil {
+		vars[placeholdersVar] = p
+	}
 	return p
 }
 
@@ -80,11 +86,9 @@ func (p *placeholders) get(key string) (any, bool) {
 			}
 			return p.retryAfter, true
 		}
-	case placeholdersSelf[len(placeholderPrefix):]:
-		return p, true
 	}
 	return nil, false
 }
 
-// String keeps the provider's own entry empty should a config name it.
+// String keeps the request variable empty should anything print it.
 func (p *placeholders) String() string { return "" }
