@@ -84,8 +84,11 @@ type RedisStorage struct {
 	// functions (Redis 7 and later), Tollgate loads its scripts once as a
 	// function library (FUNCTION LOAD, named tollgate_ and a hash of its
 	// code) and decides by FCALL, which costs Redis less per decision than
-	// EVALSHA of the same code; a server that refuses the library gets
-	// EVALSHA, with one warning in the log. Off, always EVALSHA.
+	// EVALSHA of the same code; with pipeline on and one server
+	// (standalone or Sentinel), a pipeline's one-zone decisions go as one
+	// FCALL of the library's batch function, each decided as alone. A
+	// server that refuses the library gets EVALSHA, with one warning in
+	// the log. Off, always EVALSHA.
 	Functions string `json:"functions,omitempty"`
 
 	client    *pooledRedis
@@ -502,6 +505,7 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 //		pool_size  <n>
 //		cluster                     # one address that is a Cluster's endpoint
 //		pipeline   on|off           # batch concurrent decisions; default on
+//		functions  on|off           # FCALL of a function library (Redis 7+); default on
 //	}
 func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // module name

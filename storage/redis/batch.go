@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -170,6 +172,9 @@ type batcher struct {
 	batches  chan []*call  // from the dispatcher to the senders
 	landed   chan struct{} // from the senders: a batch has returned
 	sent     atomic.Int64  // batches sent (read by tests)
+	combined atomic.Int64  // calls of the batch function (read by tests)
+	joined   atomic.Int64  // the one-key calls they carried (read by tests)
+	combine  bool          // one server: combine one-key calls (see outbox.send)
 	stop     chan struct{}
 	stopped  sync.WaitGroup
 	once     sync.Once
@@ -343,16 +348,54 @@ func (b *batcher) sender() {
 }
 
 // outbox is what a sender reuses from one batch to the next: its pipeline,
-// and room for a batch's commands, which go into the pipeline in one step
-// (one at a time, the pipeline's list grows a few times per batch).
+// room for a batch's commands, which go into the pipeline in one step
+// (one at a time, the pipeline's list grows a few times per batch), and
+// what combining a batch's one-key calls into one takes (see combine).
 type outbox struct {
 	p    goredis.Pipeliner
 	cmds []goredis.Cmder
+
+	joined []*call             // the calls combined into comb
+	args   []any               // comb's arguments
+	comb   goredis.IntSliceCmd // the library's batch function
 }
 
-// send runs a batch as one pipeline of EVALSHA (or FCALL), then, for the
-// calls that found their script missing (a restarted or new server), one
-// of EVAL. Its deadline is the latest of its calls' (those whose caller
+// send queues one command per call (args returns its arguments) and sends
+// them as one pipeline; each call's reply is in its command. With
+// combine, the calls of the library's one-key function, when there are
+// several, go as one call of its batch function instead (see batch.lua),
+// and each call's command gets its part of the reply, as if it had run
+// alone; a decision that raised an error gets errRunAlone.
+func (o *outbox) send(ctx context.Context, calls []*call, args func(*call) []any, combine bool) {
+	o.cmds, o.joined = o.cmds[:0], o.joined[:0]
+	for _, c := range calls {
+		a := args(c)
+		if combine && combinable(a) {
+			o.joined = append(o.joined, c)
+			continue
+		}
+		o.cmds = append(o.cmds, c.prepare(ctx, a))
+	}
+	if len(o.joined) == 1 { // nothing to combine it with
+		c := o.joined[0]
+		o.cmds = append(o.cmds, c.prepare(ctx, c.args))
+		o.joined = o.joined[:0]
+	}
+	if len(o.joined) > 0 {
+		o.cmds = append(o.cmds, o.combine(ctx))
+	}
+	_ = o.p.BatchProcess(ctx, o.cmds...)
+	clear(o.cmds)        // the commands belong to their calls, which are recycled
+	_, _ = o.p.Exec(ctx) // each command carries its own error
+	if len(o.joined) > 0 {
+		o.split(ctx)
+	}
+}
+
+// send runs a batch as one pipeline of EVALSHA (or FCALL, its one-key
+// calls combined when b.combine), then, for the calls that found their
+// script missing (a restarted or new server) and those that must run
+// alone, one of EVAL. Its deadline is the latest of its calls' (those whose caller
 // went away are skipped).
 func (b *batcher) send(o *outbox, batch []*call) {
 	live := batch[:0]
@@ -380,11 +423,15 @@ func (b *batcher) send(o *outbox, batch []*call) {
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
-	o.send(ctx, live, func(c *call) []any { return c.args })
-	var again []*call // the calls that found their script missing
+	o.send(ctx, live, func(c *call) []any { return c.args }, b.combine)
+	if len(o.joined) > 1 {
+		b.combined.Add(1)
+		b.joined.Add(int64(len(o.joined)))
+	}
+	var again []*call // the calls that found their script missing, or must run alone
 	for _, c := range live {
 		c.v, c.err = c.reply()
-		if missing(c.err, b.fns) {
+		if c.err == errRunAlone || missing(c.err, b.fns) {
 			again = append(again, c)
 			continue
 		}
@@ -393,21 +440,66 @@ func (b *batcher) send(o *outbox, batch []*call) {
 	if len(again) == 0 {
 		return
 	}
-	o.send(ctx, again, func(c *call) []any { return withSource(c.sc, c.args) })
+	o.send(ctx, again, func(c *call) []any { return withSource(c.sc, c.args) }, false)
 	for _, c := range again {
 		c.v, c.err = c.reply()
 		c.finish()
 	}
 }
 
-// send queues one command per call (args returns its arguments) and sends
-// them as one pipeline; each call's reply is in its command.
-func (o *outbox) send(ctx context.Context, calls []*call, args func(*call) []any) {
-	o.cmds = o.cmds[:0]
-	for _, c := range calls {
-		o.cmds = append(o.cmds, c.prepare(ctx, args(c)))
+// singleArgs is how many arguments a call of the library's one-key
+// function has: FCALL, the function, the key count, the key and
+// single.lua's 11 ARGV.
+const singleArgs = 3 + 1 + 11
+
+// combinable reports whether a are the arguments of a call of the
+// library's one-key function, which the batch function can run.
+func combinable(a []any) bool {
+	return len(a) == singleArgs && a[0] == "fcall" && a[1] == library.single
+}
+
+// combine returns the batch function's command for o.joined: their keys,
+// then their ARGV, in order.
+func (o *outbox) combine(ctx context.Context) *goredis.IntSliceCmd {
+	o.args = append(o.args[:0], "fcall", library.batch, len(o.joined))
+	for _, c := range o.joined {
+		o.args = append(o.args, c.args[3])
 	}
-	_ = o.p.BatchProcess(ctx, o.cmds...)
-	clear(o.cmds)        // the commands belong to their calls, which are recycled
-	_, _ = o.p.Exec(ctx) // each command carries its own error
+	for _, c := range o.joined {
+		o.args = append(o.args, c.args[4:]...)
+	}
+	o.comb = *goredis.NewIntSliceCmd(ctx, o.args...)
+	o.comb.SetFirstKeyPos(3)
+	return &o.comb
+}
+
+// errRunAlone marks a call whose decision raised an error in a combined
+// call: it runs again on its own, which reports its error.
+var errRunAlone = errors.New("redis store: a combined decision raised an error")
+
+// split hands each combined call its part of the batch function's reply
+// (the whole call's error, if it failed) in its own command.
+func (o *outbox) split(ctx context.Context) {
+	v, err := o.comb.Result()
+	pos := 0
+	for _, c := range o.joined {
+		c.prepare(ctx, c.args)
+		switch {
+		case err != nil:
+			c.cmd.SetErr(err)
+		case pos >= len(v) || v[pos] < -1 || int64(len(v)-pos-1) < v[pos]:
+			c.cmd.SetErr(fmt.Errorf("%w: batch reply %v", errReply, v))
+			pos = len(v)
+		case v[pos] == -1:
+			c.cmd.SetErr(errRunAlone)
+			pos++
+		default:
+			end := pos + 1 + int(v[pos])
+			c.cmd.SetVal(v[pos+1 : end : end])
+			pos = end
+		}
+	}
+	clear(o.args)
+	clear(o.joined)
+	o.comb = goredis.IntSliceCmd{}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,12 +17,34 @@ import (
 // TestPipelinedParity runs the parity traces through a pipelined store,
 // many at once so that their calls share batches: every decision must be
 // the Go twin's, as through a store that runs each call alone.
+//
+// With functions, a batch's one-key calls go as one call of the library's
+// batch function: the decisions must be the same, and some must have gone
+// that way.
 func TestPipelinedParity(t *testing.T) {
 	srv := redistest.Start(t)
-	s := NewPipelined(srv.Client(), "test:")
-	s.callerClock = true
-	s.ttlSlack = testSlack.Milliseconds()
-	defer s.Close()
+	for _, mode := range []string{"evalsha", "fcall"} {
+		t.Run(mode, func(t *testing.T) {
+			s := NewPipelined(srv.Client(), "test:"+mode+":")
+			s.callerClock = true
+			s.ttlSlack = testSlack.Milliseconds()
+			defer s.Close()
+			if mode == "fcall" {
+				withFunctions(t, s)
+			}
+			pipelinedParity(t, s)
+			combined := s.batch.combined.Load()
+			if mode == "fcall" && combined == 0 {
+				t.Errorf("no batch combined its one-key calls")
+			}
+			if mode == "evalsha" && combined != 0 {
+				t.Errorf("%d batches combined calls without functions", combined)
+			}
+		})
+	}
+}
+
+func pipelinedParity(t *testing.T, s *Store) {
 	var wg sync.WaitGroup
 	for i, tr := range parityTraces(t) {
 		wg.Add(1)
@@ -116,6 +139,13 @@ type pausedBatches struct {
 }
 
 func startPausedBatches(t *testing.T) *pausedBatches {
+	return startPausedBatchesWith(t, nil)
+}
+
+// startPausedBatchesWith is startPausedBatches with setup, which runs on
+// the server and the store before the server pauses (after one call has
+// loaded the script).
+func startPausedBatchesWith(t *testing.T, setup func(*redistest.Server, *Store)) *pausedBatches {
 	srv := redistest.Start(t)
 	s := NewPipelined(srv.Client(), DefaultPrefix)
 	t.Cleanup(s.Close)
@@ -123,6 +153,9 @@ func startPausedBatches(t *testing.T) *pausedBatches {
 		zl: zoneOf(s, "share", mustLimit(t, algorithms.TokenBucket, 1000, time.Second, 0, 0))}
 	if _, err := p.zl.Take(context.Background(), "warm", 0, algorithms.Milli); err != nil {
 		t.Fatal(err) // loads the script: no EVAL retry below
+	}
+	if setup != nil {
+		setup(srv, s)
 	}
 	srv.Pause()
 	t.Cleanup(func() {
@@ -230,4 +263,64 @@ func TestBatchesGoWhenShareBatchWait(t *testing.T) {
 	p.sent(batchSenders, "calls sent with every sender busy")
 	p.resume()
 	p.sent(batchSenders+1, "the last calls waited for a sender")
+}
+
+// TestCombinedCalls: the one-key calls of a batch that go as one call of
+// the library's batch function are each answered as if alone. A decision
+// that raises an error (a key holding another type) fails alone, with
+// its own error, and the others are decided; when the whole call fails
+// because the server lost the library, every call runs again as EVAL.
+func TestCombinedCalls(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lose  bool // the server loses the library before the calls
+		wrong bool // one call's key holds a string
+	}{
+		{name: "wrong type", wrong: true},
+		{name: "library lost", lose: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var bad string
+			p := startPausedBatchesWith(t, func(srv *redistest.Server, s *Store) {
+				withFunctions(t, s)
+				c := srv.Client()
+				bad = s.Key("share", algorithms.TokenBucket, "bad")
+				if tc.wrong {
+					if err := c.Set(context.Background(), bad, "x", 0).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if tc.lose {
+					if err := c.FunctionFlush(context.Background()).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+			const waiting = 5
+			for range waiting {
+				p.take()
+			}
+			badErr := make(chan error, 1)
+			if tc.wrong {
+				go func() {
+					_, err := p.zl.Take(context.Background(), "bad", 0, algorithms.Milli)
+					badErr <- err
+				}()
+				p.calls++
+				p.queued()
+				p.calls--
+			} else {
+				p.queued()
+			}
+			p.resume()
+			if got := p.b.combined.Load(); got != 1 {
+				t.Errorf("%d batches combined their calls, want 1", got)
+			}
+			if tc.wrong {
+				if err := <-badErr; err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+					t.Errorf("take on a key holding a string: %v, want WRONGTYPE", err)
+				}
+			}
+		})
+	}
 }

@@ -32,6 +32,8 @@ var (
 	singleLua string
 	//go:embed multi.lua
 	multiLua string
+	//go:embed batch.lua
+	batchLua string
 )
 
 // script is a Lua script as the store runs it: EVALSHA by its hash, EVAL
@@ -101,9 +103,9 @@ var allAlgorithmsLua = bucketLua + gcraLua + fixedWindowLua + slidingWindowLua +
 	slidingLogLua + concurrencyLua + banLua
 
 // library is the scripts as one Redis function library (Redis 7's
-// FUNCTION LOAD): common.lua and every algorithm's file once, and two
-// functions, single.lua's and multi.lua's main parts, each the body of a
-// function of KEYS and ARGV. They decide exactly as the scripts do (the
+// FUNCTION LOAD): common.lua and every algorithm's file once, and three
+// functions, single.lua's, multi.lua's and batch.lua's main parts, each the
+// body of a function of KEYS and ARGV. They decide exactly as the scripts do (the
 // same code), but FCALL skips what every EVALSHA pays again: running
 // common.lua and the algorithms' files to define their functions.
 //
@@ -111,8 +113,8 @@ var allAlgorithmsLua = bucketLua + gcraLua + fixedWindowLua + slidingWindowLua +
 // of different releases sharing one Redis each call their own code, and
 // loading one never replaces another's.
 var library = func() (l struct {
-	name, src     string
-	single, multi any
+	name, src            string
+	single, multi, batch any
 }) {
 	// Functions are always replicated by their effects: common.lua's
 	// call to switch scripts to that is not for them (nor allowed while
@@ -121,12 +123,13 @@ var library = func() (l struct {
 	body := func(name string) string {
 		return "#!lua name=" + name + "\n" + common + allAlgorithmsLua +
 			"redis.register_function('" + name + "_single', function(KEYS, ARGV)\n" + singleLua + "\nend)\n" +
-			"redis.register_function('" + name + "_multi', function(KEYS, ARGV)\n" + multiLua + "\nend)\n"
+			"redis.register_function('" + name + "_multi', function(KEYS, ARGV)\n" + multiLua + "\nend)\n" +
+			"redis.register_function('" + name + "_batch', function(KEYS, ARGV)\n" + batchLua + "\nend)\n"
 	}
 	h := sha1.Sum([]byte(body("tollgate")))
 	l.name = "tollgate_" + hex.EncodeToString(h[:8])
 	l.src = body(l.name)
-	l.single, l.multi = l.name+"_single", l.name+"_multi"
+	l.single, l.multi, l.batch = l.name+"_single", l.name+"_multi", l.name+"_batch"
 	return l
 }()
 

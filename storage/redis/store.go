@@ -119,6 +119,10 @@ func NewPipelined(client interface {
 }, prefix string) *Store {
 	s := New(client, prefix)
 	s.batch = newBatcher(client)
+	// One server runs a batch's one-key calls as one call of the
+	// library's batch function (with WithFunctions): each decision as
+	// its own, one after another.
+	s.batch.combine = s.group == oneServer
 	s.run = s.batch
 	return s
 }
