@@ -175,6 +175,7 @@ type batcher struct {
 	combined atomic.Int64  // calls of the batch function (read by tests)
 	joined   atomic.Int64  // the one-key calls they carried (read by tests)
 	combine  bool          // one server: combine one-key calls (see outbox.send)
+	apart    atomic.Bool   // the server refused a combined call's keys: no more combining
 	stop     chan struct{}
 	stopped  sync.WaitGroup
 	once     sync.Once
@@ -365,8 +366,10 @@ type outbox struct {
 // combine, the calls of the library's one-key function, when there are
 // several, go as one call of its batch function instead (see batch.lua),
 // and each call's command gets its part of the reply, as if it had run
-// alone; a decision that raised an error gets errRunAlone.
-func (o *outbox) send(ctx context.Context, calls []*call, args func(*call) []any, combine bool) {
+// alone; a decision that raised an error gets errRunAlone. It reports
+// whether the server refused to run the combined calls' keys together
+// (a proxy in front of several shards, see split).
+func (o *outbox) send(ctx context.Context, calls []*call, args func(*call) []any, combine bool) (apart bool) {
 	o.cmds, o.joined = o.cmds[:0], o.joined[:0]
 	for _, c := range calls {
 		a := args(c)
@@ -388,8 +391,9 @@ func (o *outbox) send(ctx context.Context, calls []*call, args func(*call) []any
 	clear(o.cmds)        // the commands belong to their calls, which are recycled
 	_, _ = o.p.Exec(ctx) // each command carries its own error
 	if len(o.joined) > 0 {
-		o.split(ctx)
+		return o.split(ctx)
 	}
+	return false
 }
 
 // send runs a batch as one pipeline of EVALSHA (or FCALL, its one-key
@@ -423,7 +427,9 @@ func (b *batcher) send(o *outbox, batch []*call) {
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
-	o.send(ctx, live, func(c *call) []any { return c.args }, b.combine)
+	if o.send(ctx, live, func(c *call) []any { return c.args }, b.combine && !b.apart.Load()) {
+		b.apart.Store(true)
+	}
 	if len(o.joined) > 1 {
 		b.combined.Add(1)
 		b.joined.Add(int64(len(o.joined)))
@@ -440,7 +446,7 @@ func (b *batcher) send(o *outbox, batch []*call) {
 	if len(again) == 0 {
 		return
 	}
-	o.send(ctx, again, func(c *call) []any { return withSource(c.sc, c.args) }, false)
+	_ = o.send(ctx, again, func(c *call) []any { return withSource(c.sc, c.args) }, false)
 	for _, c := range again {
 		c.v, c.err = c.reply()
 		c.finish()
@@ -478,13 +484,20 @@ func (o *outbox) combine(ctx context.Context) *goredis.IntSliceCmd {
 var errRunAlone = errors.New("redis store: a combined decision raised an error")
 
 // split hands each combined call its part of the batch function's reply
-// (the whole call's error, if it failed) in its own command.
-func (o *outbox) split(ctx context.Context) {
+// (the whole call's error, if it failed) in its own command. A server that
+// answers CROSSSLOT holds one address but several shards (a proxy such as
+// Redis Enterprise's, or a Cluster node reached as a single server): each
+// call runs again alone, and apart reports it, so that no more are
+// combined.
+func (o *outbox) split(ctx context.Context) (apart bool) {
 	v, err := o.comb.Result()
+	apart = err != nil && strings.HasPrefix(err.Error(), "CROSSSLOT")
 	pos := 0
 	for _, c := range o.joined {
 		c.prepare(ctx, c.args)
 		switch {
+		case apart:
+			c.cmd.SetErr(errRunAlone)
 		case err != nil:
 			c.cmd.SetErr(err)
 		case pos >= len(v) || v[pos] < -1 || int64(len(v)-pos-1) < v[pos]:
@@ -502,4 +515,5 @@ func (o *outbox) split(ctx context.Context) {
 	clear(o.args)
 	clear(o.joined)
 	o.comb = goredis.IntSliceCmd{}
+	return apart
 }

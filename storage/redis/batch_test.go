@@ -324,3 +324,68 @@ func TestCombinedCalls(t *testing.T) {
 		})
 	}
 }
+
+// TestCombinedCallsAcrossSlots: a single address that answers for several
+// slots but refuses a call whose keys span them (CROSSSLOT: here a Cluster
+// node reached as a single server, in the field a sharding proxy) gets
+// each of a combined call's decisions again alone, every one decided, and
+// no more combined calls.
+func TestCombinedCallsAcrossSlots(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	of := masterOf(t, cl, cl.Client())
+	node := cl.Servers[0]
+	s := NewPipelined(node.Client(), DefaultPrefix)
+	defer s.Close()
+	withFunctions(t, s)
+	l := mustLimit(t, algorithms.TokenBucket, 1000, time.Second, 0, 0)
+	zl := zoneOf(s, "slots", l)
+	// Keys that node serves, in different slots.
+	var keys []string
+	seen := map[int]bool{}
+	for i := 0; len(keys) < 32 && i < 100000; i++ {
+		k := fmt.Sprint("k", i)
+		sl := slot(s.Key("slots", l.Kind, k))
+		if of(sl) == node && !seen[sl] {
+			seen[sl] = true
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) < 32 {
+		t.Fatalf("found %d keys on %s", len(keys), node.Addr)
+	}
+	ctx := context.Background()
+	for round := 0; round < 20 && s.batch.combined.Load() == 0; round++ {
+		var wg sync.WaitGroup
+		for _, k := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if d, err := zl.Take(ctx, k, 0, algorithms.Milli); err != nil || !d.Allowed {
+					t.Errorf("take %s: %+v, %v", k, d, err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	if s.batch.combined.Load() == 0 {
+		t.Fatal("no batch combined its calls")
+	}
+	if !s.batch.apart.Load() {
+		t.Fatal("after CROSSSLOT, calls are still combined")
+	}
+	before := s.batch.combined.Load()
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := zl.Take(ctx, k, 0, algorithms.Milli); err != nil {
+				t.Errorf("take %s: %v", k, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := s.batch.combined.Load() - before; n != 0 {
+		t.Errorf("%d more combined calls after CROSSSLOT", n)
+	}
+}
