@@ -9,7 +9,8 @@
 // function on one key (a Zone's Take, Undo and Peek); multi.lua decides one
 // request against several zones' keys (TakeAll). With WithFunctions, the
 // same code runs as a Redis 7 function library instead (see functions),
-// where the server has one. The Go side derives every
+// where the server has one; its batch function (batch.lua) runs several
+// one-key decisions of a pipeline in one call, each as single.lua would. The Go side derives every
 // constant a decision needs (the refill time of a cost, the bucket capacity
 // as time, the window, the limit in milli-units) and passes it as an
 // argument, so that the scripts only add and compare integers below 2^53,
