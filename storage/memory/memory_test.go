@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"strconv"
 	"sync"
@@ -291,7 +292,10 @@ func TestConcurrentTakesAdmitExactlyBurst(t *testing.T) {
 }
 
 // BenchmarkTake measures one decision on the memory store, with one hot key
-// and with 100,000 keys, serial and parallel.
+// and with 100,000 keys, serial and parallel; and, serial, with 10,000 and
+// 100,000 keys taken in random order, as clients come (taken in the order
+// they were inserted, the store's memory is read in order, which the
+// processor fetches ahead).
 func BenchmarkTake(b *testing.B) {
 	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog, algorithms.FixedWindow, algorithms.LeakyBucket} {
 		for _, keys := range []int{1, 100_000} {
@@ -301,14 +305,19 @@ func BenchmarkTake(b *testing.B) {
 					mode = "parallel"
 				}
 				b.Run(fmt.Sprintf("alg=%s/keys=%d/%s", kind, keys, mode), func(b *testing.B) {
-					benchTake(b, kind, keys, parallel)
+					benchTake(b, kind, keys, parallel, false)
 				})
 			}
+		}
+		for _, keys := range []int{10_000, 100_000} {
+			b.Run(fmt.Sprintf("alg=%s/keys=%d/random", kind, keys), func(b *testing.B) {
+				benchTake(b, kind, keys, false, true)
+			})
 		}
 	}
 }
 
-func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel bool) {
+func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel, random bool) {
 	// A limit that admits most requests so the allowed path is measured.
 	l, err := algorithms.NewLimit(kind, 1_000_000, time.Second, 0, 0)
 	if kind == algorithms.SlidingLog {
@@ -330,6 +339,19 @@ func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel bool) {
 	clock.Store(1)
 	b.ReportAllocs()
 	b.ResetTimer()
+	if random {
+		rng := rand.New(rand.NewPCG(1, 2))
+		order := make([]int32, 1<<16)
+		for i := range order {
+			order[i] = int32(rng.IntN(nkeys))
+		}
+		now := int64(1)
+		for i := 0; b.Loop(); i++ {
+			now++
+			s.Take(ctx, keys[order[i%len(order)]], now, algorithms.Milli)
+		}
+		return
+	}
 	if !parallel {
 		now := int64(1)
 		for i := 0; b.Loop(); i++ {
