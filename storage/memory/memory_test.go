@@ -299,25 +299,23 @@ func TestConcurrentTakesAdmitExactlyBurst(t *testing.T) {
 func BenchmarkTake(b *testing.B) {
 	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog, algorithms.FixedWindow, algorithms.LeakyBucket} {
 		for _, keys := range []int{1, 100_000} {
-			for _, parallel := range []bool{false, true} {
-				mode := "serial"
-				if parallel {
-					mode = "parallel"
-				}
+			for _, mode := range []string{"serial", "parallel"} {
 				b.Run(fmt.Sprintf("alg=%s/keys=%d/%s", kind, keys, mode), func(b *testing.B) {
-					benchTake(b, kind, keys, parallel, false)
+					benchTake(b, kind, keys, mode)
 				})
 			}
 		}
 		for _, keys := range []int{10_000, 100_000} {
 			b.Run(fmt.Sprintf("alg=%s/keys=%d/random", kind, keys), func(b *testing.B) {
-				benchTake(b, kind, keys, false, true)
+				benchTake(b, kind, keys, "random")
 			})
 		}
 	}
 }
 
-func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel, random bool) {
+// benchTake runs one BenchmarkTake case; mode is serial, parallel or
+// random (serial, the keys in random order).
+func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, mode string) {
 	// A limit that admits most requests so the allowed path is measured.
 	l, err := algorithms.NewLimit(kind, 1_000_000, time.Second, 0, 0)
 	if kind == algorithms.SlidingLog {
@@ -339,7 +337,8 @@ func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel, random b
 	clock.Store(1)
 	b.ReportAllocs()
 	b.ResetTimer()
-	if random {
+	switch mode {
+	case "random":
 		rng := rand.New(rand.NewPCG(1, 2))
 		order := make([]int32, 1<<16)
 		for i := range order {
@@ -351,8 +350,7 @@ func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel, random b
 			s.Take(ctx, keys[order[i%len(order)]], now, algorithms.Milli)
 		}
 		return
-	}
-	if !parallel {
+	case "serial":
 		now := int64(1)
 		for i := 0; b.Loop(); i++ {
 			now++
