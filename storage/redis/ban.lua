@@ -36,7 +36,7 @@ local function ban(key, op, now, _, _, _, w, after, hold)
 		at, level, prev = now + hold, 0, 0
 	end
 	local d = decide()
-	save(key, d[3], 0, 'at', int(at), 'level', int(level), 'prev', int(prev))
+	save(key, d[3], 0, 'at', at, 'level', level, 'prev', prev)
 	return d
 end
 algs.bn = ban

@@ -69,7 +69,7 @@ local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 
 	if op == 'u' then
 		level = level - giveback(level, x, now, ta, tr, maxdelay, scale)
-		save(key, micros(level, scale), now - raw, 'at', int(at), 'level', int(level))
+		save(key, micros(level, scale), now - raw, 'at', at, 'level', level)
 		return nil
 	end
 
@@ -79,7 +79,7 @@ local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 		d[1], d[4], d[5] = 0, -1, 0
 	end
 	if write then
-		save(key, micros(level, scale), now - raw, 'at', int(at), 'level', int(level))
+		save(key, micros(level, scale), now - raw, 'at', at, 'level', level)
 	end
 	return d
 end

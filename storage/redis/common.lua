@@ -102,8 +102,10 @@ local function micros(ticks, scale)
 	return ceildiv(ticks, scale)
 end
 
--- int formats an integral number exactly (tostring and .. keep only 14
--- digits).
+-- int formats an integral number exactly, for a string the script builds
+-- (tostring and .. keep only 14 digits). A number passed to redis.call as
+-- it is needs no int: Redis formats it itself, exactly (%.17g, or as an
+-- integer), in less time than string.format takes.
 local function int(n)
 	return string.format('%.0f', n)
 end

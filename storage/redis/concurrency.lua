@@ -7,13 +7,13 @@
 -- c1 = slots, c2 = lease in µs.
 local function concurrency(key, op, now, x, ta, _, n, lease)
 	if op == 'u' then
-		redis.call('ZREM', key, int(ta))
+		redis.call('ZREM', key, ta)
 		return nil
 	end
 	if op == 'l' then
 		-- Renew a lease that still holds its slot; one that expired is
 		-- gone, and renewing it would take a slot nobody checked.
-		if redis.call('ZADD', key, 'XX', 'CH', int(now + lease), int(ta)) == 1 then
+		if redis.call('ZADD', key, 'XX', 'CH', now + lease, ta) == 1 then
 			redis.call('PEXPIRE', key, ttl(lease, 0))
 		end
 		return nil
@@ -26,8 +26,8 @@ local function concurrency(key, op, now, x, ta, _, n, lease)
 		return {0, 0, 1000000, 1000000, 0, now}
 	end
 	if op == 't' then
-		redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
-		redis.call('ZADD', key, int(now + lease), int(x))
+		redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+		redis.call('ZADD', key, now + lease, x)
 		-- Every lease ends within one lease from now.
 		redis.call('PEXPIRE', key, ttl(lease, 0))
 	end

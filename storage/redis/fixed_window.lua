@@ -26,7 +26,7 @@ local function fixedwindow(key, op, now, x, ta, _, w, limit)
 		if at == quo(ta, w) * w then
 			level = math.max(0, level - x)
 		end
-		save(key, fresh(), now - raw, 'at', int(at), 'level', int(level))
+		save(key, fresh(), now - raw, 'at', at, 'level', level)
 		return nil
 	end
 
@@ -43,7 +43,7 @@ local function fixedwindow(key, op, now, x, ta, _, w, limit)
 		d[1], d[4] = 0, -1
 	end
 	if write then
-		save(key, fresh(), now - raw, 'at', int(at), 'level', int(level))
+		save(key, fresh(), now - raw, 'at', at, 'level', level)
 	end
 	return d
 end

@@ -38,7 +38,7 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 		local t = now + quo(newdebt, scale)
 		local f = newdebt - quo(newdebt, scale) * scale
 		if f == 0 then
-			redis.call('SET', key, int(t), 'PX', ms)
+			redis.call('SET', key, t, 'PX', ms)
 		else
 			redis.call('SET', key, int(t) .. ':' .. int(f), 'PX', ms)
 		end

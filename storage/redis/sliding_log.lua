@@ -34,7 +34,7 @@ local function slidinglog(key, op, now, x, ta, _, w, n)
 		-- Remove up to x entries made at ta, the request's own, as
 		-- Limit.slidingLogUndo does.
 		if x > 0 and len > 0 then
-			len = len - redis.call('LREM', key, x, int(ta))
+			len = len - redis.call('LREM', key, x, ta)
 		end
 		local newest = 0
 		if len > 0 then

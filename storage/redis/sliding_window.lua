@@ -54,7 +54,7 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	end
 
 	local function persist()
-		save(key, fresh(), now - raw, 'at', int(at), 'level', int(level), 'prev', int(prev))
+		save(key, fresh(), now - raw, 'at', at, 'level', level, 'prev', prev)
 	end
 
 	if op == 'u' then
