@@ -174,6 +174,7 @@ type batcher struct {
 	sent     atomic.Int64  // batches sent (read by tests)
 	combined atomic.Int64  // calls of the batch function (read by tests)
 	joined   atomic.Int64  // the one-key calls they carried (read by tests)
+	profiles atomic.Int64  // the profiles they carried (read by tests)
 	combine  bool          // one server: combine one-key calls (see outbox.send)
 	apart    atomic.Bool   // the server refused a combined call's keys: no more combining
 	stop     chan struct{}
@@ -356,9 +357,10 @@ type outbox struct {
 	p    goredis.Pipeliner
 	cmds []goredis.Cmder
 
-	joined []*call             // the calls combined into comb
-	args   []any               // comb's arguments
-	comb   goredis.IntSliceCmd // the library's batch function
+	joined   []*call             // the calls combined into comb
+	args     []any               // comb's arguments
+	profiles [][]any             // the arguments of a call of each of comb's profiles (see profile)
+	comb     goredis.IntSliceCmd // the library's batch function
 }
 
 // send queues one command per call (args returns its arguments) and sends
@@ -433,6 +435,7 @@ func (b *batcher) send(o *outbox, batch []*call) {
 	if len(o.joined) > 1 {
 		b.combined.Add(1)
 		b.joined.Add(int64(len(o.joined)))
+		b.profiles.Add(int64(len(o.profiles)))
 	}
 	var again []*call // the calls that found their script missing, or must run alone
 	for _, c := range live {
@@ -465,18 +468,40 @@ func combinable(a []any) bool {
 }
 
 // combine returns the batch function's command for o.joined: their keys,
-// then their ARGV, in order.
+// then each one's op, x and profile number, then the profiles, each once
+// (see batch.lua).
 func (o *outbox) combine(ctx context.Context) *goredis.IntSliceCmd {
 	o.args = append(o.args[:0], "fcall", library.batch, len(o.joined))
 	for _, c := range o.joined {
 		o.args = append(o.args, c.args[3])
 	}
+	o.profiles = o.profiles[:0]
 	for _, c := range o.joined {
-		o.args = append(o.args, c.args[4:]...)
+		o.args = append(o.args, c.args[4], c.args[7], o.profile(c.args))
+	}
+	for _, a := range o.profiles {
+		o.args = append(o.args, a[5], a[6], a[8], a[9])
+		o.args = append(o.args, a[10:]...)
 	}
 	o.comb = *goredis.NewIntSliceCmd(ctx, o.args...)
 	o.comb.SetFirstKeyPos(3)
 	return &o.comb
+}
+
+// profile returns the number (from 1) of the profile of a, the arguments
+// of a call of the one-key function, among o.profiles, which it joins if
+// no profile is the same: a's arguments but its key, op and x (single.lua's
+// ARGV[2, 3, 5, 6, 7..11]). A batch of at most maxBatch calls numbers its
+// profiles below 256, which Go boxes without allocating.
+func (o *outbox) profile(a []any) int {
+	for i, p := range o.profiles {
+		if p[5] == a[5] && p[6] == a[6] && p[8] == a[8] && p[9] == a[9] &&
+			p[10] == a[10] && p[11] == a[11] && p[12] == a[12] && p[13] == a[13] && p[14] == a[14] {
+			return i + 1
+		}
+	}
+	o.profiles = append(o.profiles, a)
+	return len(o.profiles)
 }
 
 // errRunAlone marks a call whose decision raised an error in a combined
@@ -514,6 +539,7 @@ func (o *outbox) split(ctx context.Context) (apart bool) {
 	}
 	clear(o.args)
 	clear(o.joined)
+	clear(o.profiles)
 	o.comb = goredis.IntSliceCmd{}
 	return apart
 }

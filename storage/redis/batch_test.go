@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -322,6 +323,80 @@ func TestCombinedCalls(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCombinedProfiles: a combined call carries what a zone's decisions
+// share (all but key, op and x) once, as a profile its decisions name.
+// The decisions of three zones of different algorithms, interleaved in one
+// combined call, are each their own zone's Go twin's (all made at the
+// call's one instant, so whatever their order within a key, the same set),
+// and the call carried three profiles for eight decisions.
+func TestCombinedProfiles(t *testing.T) {
+	limits := map[string]algorithms.Limit{
+		"share": mustLimit(t, algorithms.TokenBucket, 1000, time.Second, 0, 0),
+		"fw":    mustLimit(t, algorithms.FixedWindow, 2, time.Hour, 0, 0),
+		"gc":    mustLimit(t, algorithms.GCRA, 3, time.Hour, 2, 0),
+	}
+	zones := map[string]storage.Limiter{}
+	p := startPausedBatchesWith(t, func(_ *redistest.Server, s *Store) {
+		withFunctions(t, s)
+		for name, l := range limits {
+			zones[name] = zoneOf(s, name, l)
+		}
+	})
+	steps := []struct{ zone, key string }{
+		{"share", "a"}, {"fw", "x"}, {"gc", "y"}, {"fw", "x"},
+		{"share", "b"}, {"gc", "y"}, {"fw", "x"}, {"gc", "y"},
+	}
+	type result struct {
+		step int
+		d    algorithms.Decision
+	}
+	results := make(chan result, len(steps))
+	for i, st := range steps {
+		p.calls++
+		go func() {
+			d, err := zones[st.zone].Take(context.Background(), st.key, 0, algorithms.Milli)
+			results <- result{i, d}
+			p.errs <- err
+		}()
+	}
+	p.queued()
+	p.resume()
+	if got := p.b.combined.Load(); got != 1 {
+		t.Fatalf("%d combined calls, want 1", got)
+	}
+	if got, want := p.b.joined.Load(), int64(len(steps)); got != want {
+		t.Errorf("the combined call carried %d decisions, want %d", got, want)
+	}
+	if got := p.b.profiles.Load(); got != 3 {
+		t.Errorf("the combined call carried %d profiles, want 3 (one a zone)", got)
+	}
+	got := map[string][]string{}
+	var at int64
+	for range steps {
+		r := <-results
+		st := steps[r.step]
+		got[st.zone+" "+st.key] = append(got[st.zone+" "+st.key], fmt.Sprintf("%+v", r.d))
+		at = r.d.At
+	}
+	want := map[string][]string{}
+	states := map[string]*algorithms.State{}
+	for _, st := range steps {
+		k := st.zone + " " + st.key
+		if states[k] == nil {
+			states[k] = &algorithms.State{}
+		}
+		l := limits[st.zone]
+		want[k] = append(want[k], fmt.Sprintf("%+v", l.Take(states[k], at, algorithms.Milli)))
+	}
+	for k := range want {
+		slices.Sort(got[k])
+		slices.Sort(want[k])
+		if !slices.Equal(got[k], want[k]) {
+			t.Errorf("%s: decisions\n%s\nwant (the Go twin's at %d)\n%s", k, strings.Join(got[k], "\n"), at, strings.Join(want[k], "\n"))
+		}
 	}
 }
 
