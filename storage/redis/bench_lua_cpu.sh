@@ -3,9 +3,9 @@
 # time (INFO cpu, user + system) per token-bucket decision, made one per
 # FCALL of the single function and twelve per FCALL of the batch function
 # (about what a pipeline carries under load, see batch.go), each over
-# 10,000 keys that are fresh at every decision (100 a second, as
-# scripts/bench_http.sh's zone at 10,000 keys) and over keys that last
-# (1 a minute, a burst of 10). It starts its own redis-server on a free
+# 10,000 keys whose state has expired by their next decision (100 a
+# second: a state lasts 10 ms; scripts/bench_http.sh's zones are the same
+# in that) and over keys that last (1 a minute, a burst of 10). It starts its own redis-server on a free
 # loopback port (never an existing one), and loads the library as the Go
 # store builds it (common.lua without its replicate_commands call, every
 # algorithm's file, single.lua's and batch.lua's main parts as the bodies
@@ -26,21 +26,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench_redis_server.sh
 . "$here/bench_redis_server.sh" # sets dir, pid and port, and cleans up on exit
 
-algorithms="bucket.lua gcra.lua fixed_window.lua sliding_window.lua sliding_log.lua concurrency.lua ban.lua"
 # load name dir: loads the library of dir's Lua files as name.
 load() {
-	local name=$1 src=$2 lib
-	lib="#!lua name=$name
-$(sed '/^if redis.replicate_commands then$/,/^end$/d' "$src/common.lua")
-$(cd "$src" && cat $algorithms)
-redis.register_function('${name}_single', function(KEYS, ARGV)
-$(cat "$src/single.lua")
-end)
-redis.register_function('${name}_batch', function(KEYS, ARGV)
-$(cat "$src/batch.lua")
-end)"
-	redis-cli -p "$port" FUNCTION LOAD REPLACE "$lib" >/dev/null ||
-		{ echo "FUNCTION LOAD of $src failed (Redis 7 or later has functions)" >&2; exit 1; }
+	load_library "$1" "$2" || { echo "FUNCTION LOAD of $2 failed (Redis 7 or later has functions)" >&2; exit 1; }
 }
 # The batch function's ARGV: since profiles (see batch.lua), a decision's
 # op, x and profile number, then the profiles; before, each decision's 11
@@ -51,7 +39,7 @@ load now "$here"
 profiles[now]=$(grep -c 'profile' "$here/batch.lua" || true)
 if [ -n "$rev" ]; then
 	mkdir "$dir/before"
-	for f in common.lua single.lua batch.lua $algorithms; do
+	for f in common.lua single.lua batch.lua $bench_algorithms; do
 		git -C "$here" show "$rev:storage/redis/$f" >"$dir/before/$f"
 	done
 	load before "$dir/before"
@@ -62,8 +50,8 @@ fi
 # ARGV of one decision as the store passes them (see single.lua): op, now
 # (-1: the server's clock), TTL slack, inc(cost), ta, tr, the algorithm's
 # code and its constants (token bucket: Tau, Unit, max delay, scale).
-fresh=(t -1 0 10000 0 0 tb 1000000 10000 0 1)                  # 100/s: a key lasts 10 ms
-lasting=(t -1 0 60000000 0 0 tb 600000000 60000000 0 1)        # 1/min, burst 10: a key lasts minutes
+fresh=(t -1 0 10000 0 0 tb 1000000 10000 0 1)           # 100/s: a key lasts 10 ms
+lasting=(t -1 0 60000000 0 0 tb 600000000 60000000 0 1) # 1/min, burst 10: a key lasts minutes
 n=20000 # calls per measurement
 
 cpu() { redis-cli -p "$port" INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }

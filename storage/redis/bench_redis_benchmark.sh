@@ -8,7 +8,7 @@
 # store passes for 100 events per second; then, on Redis 7 and later, the
 # same code as a function of a library built as the Go store builds its
 # own (common.lua without its replicate_commands call, every algorithm's
-# file, single.lua as the function's body), by FCALL.
+# file, single.lua as the body of the function it calls), by FCALL.
 #
 # Usage: storage/redis/bench_redis_benchmark.sh [requests per run, default 100000]
 set -euo pipefail
@@ -42,13 +42,7 @@ for run in "1 1" "16 1" "64 1" "64 16"; do
 	bench $run EVALSHA "$sha"
 done
 
-lib="#!lua name=tollgate_bench
-$(sed '/^if redis.replicate_commands then$/,/^end$/d' "$here/common.lua")
-$(cd "$here" && cat bucket.lua gcra.lua fixed_window.lua sliding_window.lua sliding_log.lua concurrency.lua ban.lua)
-redis.register_function('tollgate_bench_single', function(KEYS, ARGV)
-$(cat "$here/single.lua")
-end)"
-if ! redis-cli -p "$port" FUNCTION LOAD REPLACE "$lib" >/dev/null 2>&1; then
+if ! load_library tollgate_bench "$here"; then
 	echo "no functions on this server (Redis 7 has them): FCALL not measured"
 	exit 0
 fi
