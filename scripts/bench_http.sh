@@ -143,6 +143,13 @@ run() { # route script -> "requests/s caddy-µs redis-µs"
 curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/memory-hot" >/dev/null
 curl -s -H 'X-Key: hot' "http://127.0.0.1:$hport/redis-hot" >/dev/null
 run bare keys.lua >/dev/null # warm up
+# The floor route must send what the memory zone sends, byte for byte.
+ratelimit() { curl -si -H "X-Key: floor-check" "http://127.0.0.1:$hport/$1" | tr -d '\r' | grep -i '^ratelimit' | sort; }
+if [ "$(ratelimit header)" != "$(ratelimit memory)" ]; then
+	echo "the header route's RateLimit headers differ from the memory zone's:" >&2
+	ratelimit header >&2; ratelimit memory >&2
+	exit 1
+fi
 scripts() { redis-cli -p "$rport" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_(eval|evalsha|fcall):/ {n += $3} END {print n+0}'; }
 ratio() { python3 -c "print(f'{float(\"$1\")/float(\"$2\"):.2f}')"; }
 median() { python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.2f}')" "$@"; }
