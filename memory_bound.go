@@ -9,12 +9,14 @@ import (
 )
 
 // Memory a key can cost in the memory store, in bytes, for the bound
-// checked at load: the entry, its map slot and LRU links (about 130 bytes,
-// measured by BenchmarkBytesPerKey in storage/memory), plus the longest
-// key stored as it is (storage.MaxKeyLen), plus a full sliding_log's 8
-// bytes per event.
+// checked at load: its entry (128 bytes, with the state, the LRU links
+// and a key of up to 24 bytes) and its share of its shard's table (16 to
+// 43 bytes: 16-byte slots, from 3/8 to 3/4 full), 165 bytes measured by
+// BenchmarkBytesPerKey in storage/memory, rounded up; plus the longest key
+// stored as it is (storage.MaxKeyLen), plus a full sliding_log's 8 bytes
+// per event.
 const (
-	keyOverheadBytes = 160
+	keyOverheadBytes = 176
 	logEntryBytes    = 8
 )
 

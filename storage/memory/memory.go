@@ -1,7 +1,20 @@
 // Package memory is Tollgate's in-process store: one Store per zone, a
-// sharded map from resolved key to limiter state. A decision locks only its
-// key's shard; TakeAll decides several zones' keys as one step by locking
-// all of their shards.
+// sharded hash table from resolved key to limiter state. A decision locks
+// only its key's shard; TakeAll decides several zones' keys as one step by
+// locking all of their shards.
+//
+// Each shard is its own open-addressing table (linear probing, deletion by
+// backward shift) of 16-byte slots, a hash and an entry, rather than a Go
+// map: a request's key is hashed once (its shard and its slot come from
+// the same hash), and a lookup reads the shard, one slot line and the
+// entry, which holds a short key's bytes itself. In a server, where the
+// store's memory is mostly out of the processor's caches by the next
+// request, each of those reads is a cache miss, and a Go map's lookup
+// made twice as many (its header, directory, table, group, the key's
+// bytes, then the entry). The hash is seeded at random for each store, so
+// no client can choose keys that collide into long probes. A table grows
+// at 3/4 full and shrinks when a sweep or a reset leaves it at most 1/8
+// full.
 //
 // The store is bounded by MaxKeys for the whole zone: no key is evicted
 // while the zone holds fewer, and past it the zone's least recently used
@@ -14,11 +27,11 @@
 // to its two neighbours, and skipping that for keys already moved within
 // the second keeps a decision on 100,000 keys cheap.
 //
-// Locks: a shard's mutex guards its map and the states of its entries; the
+// Locks: a shard's mutex guards its table and the states of its entries; the
 // zone's LRU mutex guards the list, the count and each entry's links. The
 // order is shards (by address, when several) then the LRU; an evicted key's
 // entry is unlinked under the LRU lock and marked evicted at once, and
-// deleted from its shard's map after the locks held are released, so that
+// deleted from its shard's table after the locks held are released, so that
 // no goroutine ever waits for a shard while holding the LRU lock.
 package memory
 
@@ -51,11 +64,24 @@ type Store struct {
 	evictions atomic.Int64
 }
 
-// shard is a map of entries, guarded by mu.
+// shard is a hash table of entries, guarded by mu: slots is empty or has
+// a power-of-two length, and n of its slots hold an entry (live, or
+// evicted and not yet dropped). A key's home slot comes from its hash's
+// bits above those that chose its shard; the table is at most 3/4 full,
+// so a probe always ends at an empty slot.
 type shard struct {
-	mu sync.Mutex
-	m  map[string]*entry
-	_  [64]byte // keep shards on separate cache lines
+	mu    sync.Mutex
+	slots []slot
+	n     int
+	_     [64]byte // keep shards on separate cache lines
+}
+
+// slot is one place in a shard's table: an entry and its key's hash, so
+// that a probe skips other keys without reading their entries. e is nil
+// for an empty slot.
+type slot struct {
+	h uint64
+	e *entry
 }
 
 // lru is the zone's list of entries, most recently used at head, and their
@@ -67,12 +93,35 @@ type lru struct {
 	_          [64]byte
 }
 
+// entry is one key's state. Its 128 bytes are two cache lines: a lookup
+// reads the first (the key, a short key's bytes, the LRU and eviction
+// marks), a decision the second (the state).
 type entry struct {
-	key        string
-	state      algorithms.State // guarded by the key's shard lock
-	promoted   atomic.Int64     // when the entry last moved to the front, µs
-	evicted    atomic.Bool      // unlinked from the LRU; set under the LRU lock
-	prev, next *entry           // guarded by the LRU lock
+	key      string           // points into kbuf for a key of up to inlineKey bytes
+	kbuf     [inlineKey]byte  // a short key's bytes
+	promoted atomic.Int64     // when the entry last moved to the front, µs
+	evicted  atomic.Bool      // unlinked from the LRU; set under the LRU lock
+	prev     *entry           // guarded by the LRU lock, as next
+	state    algorithms.State // guarded by the key's shard lock
+	next     *entry
+}
+
+// inlineKey is the longest key an entry holds in itself: an IPv4 address,
+// an IPv6 /64 prefix ("ffff:ffff:ffff:ffff::/64"), a short API key. A
+// longer one is kept as the request gave it.
+const inlineKey = 24
+
+// newEntry returns a fresh entry for key.
+func newEntry(key string, l *algorithms.Limit) *entry {
+	e := &entry{state: algorithms.NewState(l)}
+	if len(key) <= inlineKey {
+		n := copy(e.kbuf[:], key)
+		// kbuf is never written again: the string stays immutable.
+		e.key = unsafe.String(&e.kbuf[0], n)
+	} else {
+		e.key = key
+	}
+	return e
 }
 
 // promoteEvery is how stale an entry's place in the LRU list may get: 1s.
@@ -84,33 +133,146 @@ func New(z storage.Zone) *Store {
 	if maxKeys <= 0 {
 		maxKeys = DefaultMaxKeys
 	}
-	s := &Store{limit: z.Limit, seed: maphash.MakeSeed(), maxKeys: maxKeys}
-	for i := range s.shards {
-		s.shards[i].m = make(map[string]*entry)
-	}
-	return s
+	return &Store{limit: z.Limit, seed: maphash.MakeSeed(), maxKeys: maxKeys}
 }
 
 var _ storage.Limiter = (*Store)(nil)
 
-func (s *Store) shard(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)%numShards]
+// locate returns key's hash and its shard.
+func (s *Store) locate(key string) (uint64, *shard) {
+	h := maphash.String(s.seed, key)
+	return h, &s.shards[h%numShards]
+}
+
+// home is the slot where a probe for hash h starts, in a table of
+// mask+1 slots: the hash's bits above the shard's.
+func home(h uint64, mask int) int {
+	return int(h/numShards) & mask
+}
+
+// find returns the index of key's slot in sh, whose entry may be evicted,
+// or -1. sh.mu must be held.
+func (sh *shard) find(h uint64, key string) int {
+	mask := len(sh.slots) - 1
+	if mask < 0 {
+		return -1
+	}
+	for i := home(h, mask); ; i = (i + 1) & mask {
+		sl := &sh.slots[i]
+		if sl.e == nil {
+			return -1
+		}
+		if sl.h == h && sl.e.key == key {
+			return i
+		}
+	}
 }
 
 // lookup returns key's live entry in sh, or nil. sh.mu must be held.
-func (sh *shard) lookup(key string) *entry {
-	e := sh.m[key]
-	if e != nil && e.evicted.Load() {
-		return nil // evicted; its deletion from the map is under way
+func (sh *shard) lookup(h uint64, key string) *entry {
+	i := sh.find(h, key)
+	if i < 0 {
+		return nil
 	}
-	return e
+	if e := sh.slots[i].e; !e.evicted.Load() {
+		return e
+	}
+	return nil // evicted; its deletion from the table is under way
+}
+
+// put stores e, whose key's hash is h, in sh, in place of an evicted entry
+// of the same key if there is one. sh.mu must be held.
+func (sh *shard) put(h uint64, e *entry) {
+	if i := sh.find(h, e.key); i >= 0 {
+		sh.slots[i].e = e
+		return
+	}
+	if (sh.n+1)*4 > len(sh.slots)*3 {
+		sh.resize(max(8, 2*len(sh.slots)))
+	}
+	sh.place(h, e)
+	sh.n++
+}
+
+// place puts e at the first empty slot of its probe. sh.mu must be held,
+// and the table must have an empty slot.
+func (sh *shard) place(h uint64, e *entry) {
+	mask := len(sh.slots) - 1
+	i := home(h, mask)
+	for sh.slots[i].e != nil {
+		i = (i + 1) & mask
+	}
+	sh.slots[i] = slot{h: h, e: e}
+}
+
+// resize moves sh's entries to a table of size slots, a power of two
+// above 4/3 of them. sh.mu must be held.
+func (sh *shard) resize(size int) {
+	old := sh.slots
+	sh.slots = make([]slot, size)
+	for _, sl := range old {
+		if sl.e != nil {
+			sh.place(sl.h, sl.e)
+		}
+	}
+}
+
+// deleteAt empties slot i, shifting back the entries after it in its
+// probe sequence that would no longer be found past the gap. An entry
+// only ever moves towards its home slot. sh.mu must be held.
+func (sh *shard) deleteAt(i int) {
+	mask := len(sh.slots) - 1
+	for j := (i + 1) & mask; sh.slots[j].e != nil; j = (j + 1) & mask {
+		// The entry at j may fill the gap at i unless its home is
+		// cyclically in (i, j]: then it is already where a probe from
+		// its home finds it.
+		if k := home(sh.slots[j].h, mask); (j-k)&mask >= (j-i)&mask {
+			sh.slots[i] = sh.slots[j]
+			i = j
+		}
+	}
+	sh.slots[i] = slot{}
+	sh.n--
+}
+
+// indexOf returns the index of e's slot in sh, or -1. sh.mu must be held.
+func (sh *shard) indexOf(h uint64, e *entry) int {
+	mask := len(sh.slots) - 1
+	if mask < 0 {
+		return -1
+	}
+	for i := home(h, mask); sh.slots[i].e != nil; i = (i + 1) & mask {
+		if sh.slots[i].e == e {
+			return i
+		}
+	}
+	return -1
+}
+
+// shrink gives back a table that sweeps and resets left mostly empty:
+// when at most an eighth of its slots are used, it is resized to the
+// smallest power of two (8 at least) that its entries fill at most half.
+// sh.mu must be held.
+func (sh *shard) shrink() {
+	if len(sh.slots) <= 8 || sh.n*8 > len(sh.slots) {
+		return
+	}
+	if sh.n == 0 {
+		sh.slots = nil
+		return
+	}
+	size := 8
+	for size < 2*sh.n {
+		size *= 2
+	}
+	sh.resize(size)
 }
 
 // Take decides one request for key at now. It never fails.
 func (s *Store) Take(_ context.Context, key string, now, cost int64) (algorithms.Decision, error) {
-	sh := s.shard(key)
+	h, sh := s.locate(key)
 	sh.mu.Lock()
-	e, victim := s.get(sh, key, now)
+	e, victim := s.get(sh, h, key, now)
 	d := s.limit.Take(&e.state, now, cost)
 	sh.mu.Unlock()
 	s.drop(victim)
@@ -120,9 +282,9 @@ func (s *Store) Take(_ context.Context, key string, now, cost int64) (algorithms
 // get returns key's entry in sh, inserted if it is not held (and the entry
 // it evicted for it, if any, which the caller must drop once it holds no
 // lock), or promoted in the LRU if its place is stale. sh.mu must be held.
-func (s *Store) get(sh *shard, key string, now int64) (e, victim *entry) {
-	if e = sh.lookup(key); e == nil {
-		return s.insert(sh, key, now)
+func (s *Store) get(sh *shard, h uint64, key string, now int64) (e, victim *entry) {
+	if e = sh.lookup(h, key); e == nil {
+		return s.insert(sh, h, key, now)
 	}
 	if p := e.promoted.Load(); now-p >= promoteEvery || now < p {
 		s.lru.mu.Lock()
@@ -139,12 +301,12 @@ func (s *Store) get(sh *shard, key string, now int64) (e, victim *entry) {
 // charged, to where it was charged (see algorithms.Limit.Undo). A key that
 // was evicted or swept meanwhile has nothing to give back.
 func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algorithms.Decision) error {
-	sh := s.shard(key)
+	h, sh := s.locate(key)
 	sh.mu.Lock()
-	if e := sh.lookup(key); e != nil {
+	if e := sh.lookup(h, key); e != nil {
 		s.limit.Undo(&e.state, now, cost, taken)
 		if s.limit.Kind == algorithms.Concurrency && e.state.Level == 0 {
-			s.remove(sh, e)
+			s.remove(sh, sh.indexOf(h, e))
 		}
 	}
 	sh.mu.Unlock()
@@ -154,10 +316,10 @@ func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algor
 // Peek reports the decision one event for key would get at now, charging
 // nothing. ok is false for a key the store does not hold.
 func (s *Store) Peek(_ context.Context, key string, now int64) (algorithms.Decision, bool, error) {
-	sh := s.shard(key)
+	h, sh := s.locate(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.lookup(key)
+	e := sh.lookup(h, key)
 	if e == nil {
 		return algorithms.Decision{}, false, nil
 	}
@@ -166,14 +328,15 @@ func (s *Store) Peek(_ context.Context, key string, now int64) (algorithms.Decis
 
 // Reset forgets key. ok is false for a key the store did not hold.
 func (s *Store) Reset(_ context.Context, key string) (bool, error) {
-	sh := s.shard(key)
+	h, sh := s.locate(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.lookup(key)
+	e := sh.lookup(h, key)
 	if e == nil {
 		return false, nil
 	}
-	s.remove(sh, e)
+	s.remove(sh, sh.indexOf(h, e))
+	sh.shrink()
 	return true, nil
 }
 
@@ -184,13 +347,21 @@ func (s *Store) Sweep(now int64) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for _, e := range sh.m {
-			if e.evicted.Load() || s.limit.Fresh(&e.state, now) {
-				if s.remove(sh, e) {
-					n++
-				}
+		for j := 0; j < len(sh.slots); {
+			e := sh.slots[j].e
+			if e == nil || !(e.evicted.Load() || s.limit.Fresh(&e.state, now)) {
+				j++
+				continue
+			}
+			// Not advancing: deleteAt may shift a later entry into
+			// slot j. (One shifted from the table's start, across
+			// its end, is visited twice: a second look at it changes
+			// nothing.)
+			if s.remove(sh, j) {
+				n++
 			}
 		}
+		sh.shrink()
 		sh.mu.Unlock()
 	}
 	return n
@@ -208,10 +379,10 @@ func (s *Store) Limit() algorithms.Limit { return s.limit }
 // insert adds a fresh entry for key at the head of the LRU list, and, if
 // the zone is full, evicts its least recently used entry, which it returns
 // for drop. sh.mu must be held.
-func (s *Store) insert(sh *shard, key string, now int64) (e, victim *entry) {
-	e = &entry{key: key, state: algorithms.NewState(&s.limit)}
+func (s *Store) insert(sh *shard, h uint64, key string, now int64) (e, victim *entry) {
+	e = newEntry(key, &s.limit)
 	e.promoted.Store(now)
-	sh.m[key] = e // replaces an evicted entry of the same key, if any
+	sh.put(h, e) // replaces an evicted entry of the same key, if any
 	s.lru.mu.Lock()
 	s.lru.pushFront(e)
 	s.lru.n++
@@ -236,18 +407,19 @@ func (s *Store) drop(victim *entry) {
 	if victim == nil {
 		return
 	}
-	sh := s.shard(victim.key)
+	h, sh := s.locate(victim.key)
 	sh.mu.Lock()
-	if sh.m[victim.key] == victim {
-		delete(sh.m, victim.key)
+	if i := sh.indexOf(h, victim); i >= 0 {
+		sh.deleteAt(i)
 	}
 	sh.mu.Unlock()
 }
 
-// remove deletes e from sh and the LRU list, and reports whether it was a
-// live (counted) key. sh.mu must be held.
-func (s *Store) remove(sh *shard, e *entry) bool {
-	delete(sh.m, e.key)
+// remove deletes the entry in sh's slot i from sh and the LRU list, and
+// reports whether it was a live (counted) key. sh.mu must be held.
+func (s *Store) remove(sh *shard, i int) bool {
+	e := sh.slots[i].e
+	sh.deleteAt(i)
 	s.lru.mu.Lock()
 	defer s.lru.mu.Unlock()
 	if e.evicted.Load() {
@@ -344,9 +516,11 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 		return -1
 	}
 	var shbuf, lockbuf [maxInline]*shard
-	shards := shbuf[:0]
+	var hbuf [maxInline]uint64
+	shards, hashes := shbuf[:0], hbuf[:0]
 	for i := range reqs {
-		shards = append(shards, reqs[i].Store.shard(reqs[i].Key))
+		h, sh := reqs[i].Store.locate(reqs[i].Key)
+		shards, hashes = append(shards, sh), append(hashes, h)
 	}
 	locked := lockAll(append(lockbuf[:0], shards...))
 
@@ -358,7 +532,7 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 			continue
 		}
 		var st algorithms.State
-		if e := shards[i].lookup(r.Key); e != nil {
+		if e := shards[i].lookup(hashes[i], r.Key); e != nil {
 			st = e.state // a copy: Peek may bring it up to date
 		} else {
 			st = algorithms.NewState(&r.Store.limit)
@@ -384,12 +558,12 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 			banned := b >= 0 && !ds[b].Allowed
 			if ds[i].Allowed && !banned && r.Store.limit.Kind != algorithms.Ban {
 				var e *entry
-				e, victims[i] = r.Store.get(shards[i], r.Key, now)
+				e, victims[i] = r.Store.get(shards[i], hashes[i], r.Key, now)
 				ds[i] = r.Store.limit.Take(&e.state, now, r.Cost)
 			}
 		}
 	}
-	if strike(now, reqs, shards, ds, victims) {
+	if strike(now, reqs, shards, hashes, ds, victims) {
 		rejected = firstRejecting(reqs, ds)
 	}
 	for _, sh := range locked {
@@ -404,7 +578,7 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 // strike gives each ban in reqs that does not hold one strike if a request
 // linked to it was rejected, and reports whether a ban started. The
 // shards of reqs must be locked.
-func strike(now int64, reqs []Request, shards []*shard, ds []algorithms.Decision, victims []*entry) (started bool) {
+func strike(now int64, reqs []Request, shards []*shard, hashes []uint64, ds []algorithms.Decision, victims []*entry) (started bool) {
 	for b := range reqs {
 		r := &reqs[b]
 		if r.Store.limit.Kind != algorithms.Ban || !ds[b].Allowed {
@@ -413,7 +587,7 @@ func strike(now int64, reqs []Request, shards []*shard, ds []algorithms.Decision
 		for j := b + 1; j < len(reqs); j++ {
 			if banOf(reqs, j) == b && !ds[j].Allowed {
 				var e *entry
-				e, victims[b] = r.Store.get(shards[b], r.Key, now)
+				e, victims[b] = r.Store.get(shards[b], hashes[b], r.Key, now)
 				ds[b] = r.Store.limit.Strike(&e.state, now)
 				started = started || !ds[b].Allowed
 				break

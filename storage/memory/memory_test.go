@@ -114,11 +114,16 @@ func TestLRUPromotesAtMostOncePerSecond(t *testing.T) {
 	}
 }
 
+func shardOf(s *Store, key string) *shard {
+	_, sh := s.locate(key)
+	return sh
+}
+
 // sameShard returns n keys that share a shard of s.
 func sameShard(s *Store, n int) []string {
 	keys := []string{"k0"}
 	for i := 1; len(keys) < n; i++ {
-		if k := "k" + strconv.Itoa(i); s.shard(k) == s.shard(keys[0]) {
+		if k := "k" + strconv.Itoa(i); shardOf(s, k) == shardOf(s, keys[0]) {
 			keys = append(keys, k)
 		}
 	}
@@ -192,15 +197,17 @@ func TestLRUOrderAcrossShards(t *testing.T) {
 	}
 }
 
-// checkConsistent checks that the LRU list, the count and the maps agree.
+// checkConsistent checks that the LRU list, the count and the tables
+// agree, and that every entry is where a lookup finds it.
 func checkConsistent(t *testing.T, s *Store) {
 	t.Helper()
 	live := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for _, e := range sh.m {
-			if !e.evicted.Load() {
+		checkTable(t, sh)
+		for _, sl := range sh.slots {
+			if sl.e != nil && !sl.e.evicted.Load() {
 				live++
 			}
 		}
