@@ -18,21 +18,28 @@
 //
 // The store is bounded by MaxKeys for the whole zone: no key is evicted
 // while the zone holds fewer, and past it the zone's least recently used
-// key goes first (one LRU list for the zone, not one per shard), and is
+// key goes first (one list for the zone, not one per shard), and is
 // counted. Sweep forgets keys whose state is fresh again, which changes no
 // decision.
 //
-// Recency is kept to the second: a key moves to the front of the zone's LRU
-// list at most once per second. Moving it takes the list's lock and writes
-// to its two neighbours, and skipping that for keys already moved within
-// the second keeps a decision on 100,000 keys cheap.
+// Recency is kept to half the list: a decision on a key, whether it admits
+// or rejects, moves it to the list's front only if at least MaxKeys/2
+// moves to the front (new keys, or keys moved) came after its own last
+// one; otherwise it is still in the front half and stays where it is. A
+// key asked for again before MaxKeys/2 - 1 new keys or moves pass it is
+// never evicted, however fast a flood of one-time keys comes: a client
+// over its limit cannot be forgotten, and admitted again, by minting
+// keys. (Recency kept to the second, as it was, let a flood of MaxKeys
+// new keys within a second evict a key in use.) Most decisions read one
+// shared counter and move nothing: no list lock, no writes to the
+// neighbours.
 //
 // Locks: a shard's mutex guards its table and the states of its entries; the
-// zone's LRU mutex guards the list, the count and each entry's links. The
-// order is shards (by address, when several) then the LRU; an evicted key's
-// entry is unlinked under the LRU lock and marked evicted at once, and
+// zone's list mutex guards the list, the count and each entry's links. The
+// order is shards (by address, when several) then the list; an evicted key's
+// entry is unlinked under the list's lock and marked evicted at once, and
 // deleted from its shard's table after the locks held are released, so that
-// no goroutine ever waits for a shard while holding the LRU lock.
+// no goroutine ever waits for a shard while holding the list's lock.
 package memory
 
 import (
@@ -59,8 +66,9 @@ type Store struct {
 	seed      maphash.Seed
 	maxKeys   int64
 	shards    [numShards]shard
-	lru       lru
-	keys      atomic.Int64 // lru.n, readable without the lock
+	list      evictList
+	stale     int64        // moves after which a key's place is stale: MaxKeys/2
+	keys      atomic.Int64 // list.n, readable without the lock
 	evictions atomic.Int64
 }
 
@@ -84,26 +92,28 @@ type slot struct {
 	e *entry
 }
 
-// lru is the zone's list of entries, most recently used at head, and their
-// count. Guarded by mu.
-type lru struct {
+// evictList is the zone's list of entries, most recently used at head,
+// their count, and how many moves to the front it has made (moves is
+// written under mu, and read without it).
+type evictList struct {
 	mu         sync.Mutex
 	head, tail *entry
 	n          int64
+	moves      atomic.Int64
 	_          [64]byte
 }
 
 // entry is one key's state. Its 128 bytes are two cache lines: a lookup
-// reads the first (the key, a short key's bytes, the LRU and eviction
-// marks), a decision the second (the state).
+// reads the first (the key, a short key's bytes, the list marks), a
+// decision the second (the state).
 type entry struct {
-	key      string           // points into kbuf for a key of up to inlineKey bytes
-	kbuf     [inlineKey]byte  // a short key's bytes
-	promoted atomic.Int64     // when the entry last moved to the front, µs
-	evicted  atomic.Bool      // unlinked from the LRU; set under the LRU lock
-	prev     *entry           // guarded by the LRU lock, as next
-	state    algorithms.State // guarded by the key's shard lock
-	next     *entry
+	key     string           // points into kbuf for a key of up to inlineKey bytes
+	kbuf    [inlineKey]byte  // a short key's bytes
+	moved   atomic.Int64     // the list's move count at its last move to the front
+	evicted atomic.Bool      // unlinked from the list; set under the list's lock
+	prev    *entry           // guarded by the list's lock, as next
+	state   algorithms.State // guarded by the key's shard lock
+	next    *entry
 }
 
 // inlineKey is the longest key an entry holds in itself: an IPv4 address,
@@ -124,16 +134,13 @@ func newEntry(key string, l *algorithms.Limit) *entry {
 	return e
 }
 
-// promoteEvery is how stale an entry's place in the LRU list may get: 1s.
-const promoteEvery = 1_000_000
-
 // New returns an empty store for zone z.
 func New(z storage.Zone) *Store {
 	maxKeys := int64(z.MaxKeys)
 	if maxKeys <= 0 {
 		maxKeys = DefaultMaxKeys
 	}
-	return &Store{limit: z.Limit, seed: maphash.MakeSeed(), maxKeys: maxKeys}
+	return &Store{limit: z.Limit, seed: maphash.MakeSeed(), maxKeys: maxKeys, stale: max(1, maxKeys/2)}
 }
 
 var _ storage.Limiter = (*Store)(nil)
@@ -272,7 +279,7 @@ func (sh *shard) shrink() {
 func (s *Store) Take(_ context.Context, key string, now, cost int64) (algorithms.Decision, error) {
 	h, sh := s.locate(key)
 	sh.mu.Lock()
-	e, victim := s.get(sh, h, key, now)
+	e, victim := s.get(sh, h, key)
 	d := s.limit.Take(&e.state, now, cost)
 	sh.mu.Unlock()
 	s.drop(victim)
@@ -281,20 +288,26 @@ func (s *Store) Take(_ context.Context, key string, now, cost int64) (algorithms
 
 // get returns key's entry in sh, inserted if it is not held (and the entry
 // it evicted for it, if any, which the caller must drop once it holds no
-// lock), or promoted in the LRU if its place is stale. sh.mu must be held.
-func (s *Store) get(sh *shard, h uint64, key string, now int64) (e, victim *entry) {
+// lock), or used (see touch). sh.mu must be held.
+func (s *Store) get(sh *shard, h uint64, key string) (e, victim *entry) {
 	if e = sh.lookup(h, key); e == nil {
-		return s.insert(sh, h, key, now)
+		return s.insert(sh, h, key)
 	}
-	if p := e.promoted.Load(); now-p >= promoteEvery || now < p {
-		s.lru.mu.Lock()
-		if !e.evicted.Load() {
-			s.lru.moveToFront(e)
-		}
-		s.lru.mu.Unlock()
-		e.promoted.Store(now)
-	}
+	s.touch(e)
 	return e, nil
+}
+
+// touch records a decision on e: it moves e to the list's front if its
+// place is stale (see the package comment). e's shard lock must be held.
+func (s *Store) touch(e *entry) {
+	if s.list.moves.Load()-e.moved.Load() < s.stale {
+		return
+	}
+	s.list.mu.Lock()
+	if !e.evicted.Load() {
+		s.list.moveToFront(e)
+	}
+	s.list.mu.Unlock()
 }
 
 // Undo gives back cost that the Take for key whose Decision is taken
@@ -376,28 +389,27 @@ func (s *Store) Evictions() int64 { return s.evictions.Load() }
 // Limit returns the limit the store decides with.
 func (s *Store) Limit() algorithms.Limit { return s.limit }
 
-// insert adds a fresh entry for key at the head of the LRU list, and, if
+// insert adds a fresh entry for key at the front of the list, and, if
 // the zone is full, evicts its least recently used entry, which it returns
 // for drop. sh.mu must be held.
-func (s *Store) insert(sh *shard, h uint64, key string, now int64) (e, victim *entry) {
+func (s *Store) insert(sh *shard, h uint64, key string) (e, victim *entry) {
 	e = newEntry(key, &s.limit)
-	e.promoted.Store(now)
 	sh.put(h, e) // replaces an evicted entry of the same key, if any
-	s.lru.mu.Lock()
-	s.lru.pushFront(e)
-	s.lru.n++
+	s.list.mu.Lock()
+	s.list.pushFront(e)
+	s.list.n++
 	// A concurrency store holds only the keys with requests in flight
 	// (Undo forgets a key whose last one ends): bounded by the requests
 	// the server runs at once, and evicting one would free its slots.
-	if s.lru.n > s.maxKeys && s.limit.Kind != algorithms.Concurrency {
-		victim = s.lru.tail
-		s.lru.unlink(victim)
+	if s.list.n > s.maxKeys && s.limit.Kind != algorithms.Concurrency {
+		victim = s.list.tail
+		s.list.unlink(victim)
 		victim.evicted.Store(true)
-		s.lru.n--
+		s.list.n--
 		s.evictions.Add(1)
 	}
-	s.keys.Store(s.lru.n)
-	s.lru.mu.Unlock()
+	s.keys.Store(s.list.n)
+	s.list.mu.Unlock()
 	return e, victim
 }
 
@@ -415,33 +427,37 @@ func (s *Store) drop(victim *entry) {
 	sh.mu.Unlock()
 }
 
-// remove deletes the entry in sh's slot i from sh and the LRU list, and
+// remove deletes the entry in sh's slot i from sh and the list, and
 // reports whether it was a live (counted) key. sh.mu must be held.
 func (s *Store) remove(sh *shard, i int) bool {
 	e := sh.slots[i].e
 	sh.deleteAt(i)
-	s.lru.mu.Lock()
-	defer s.lru.mu.Unlock()
+	s.list.mu.Lock()
+	defer s.list.mu.Unlock()
 	if e.evicted.Load() {
 		return false
 	}
-	s.lru.unlink(e)
+	s.list.unlink(e)
 	e.evicted.Store(true)
-	s.lru.n--
-	s.keys.Store(s.lru.n)
+	s.list.n--
+	s.keys.Store(s.list.n)
 	return true
 }
 
 // moveToFront moves e to the head of the list. l.mu must be held.
-func (l *lru) moveToFront(e *entry) {
+func (l *evictList) moveToFront(e *entry) {
 	if l.head == e {
+		e.moved.Store(l.moves.Add(1))
 		return
 	}
 	l.unlink(e)
 	l.pushFront(e)
 }
 
-func (l *lru) pushFront(e *entry) {
+// pushFront puts e at the head of the list, and counts the move. l.mu
+// must be held.
+func (l *evictList) pushFront(e *entry) {
+	e.moved.Store(l.moves.Add(1))
 	e.prev, e.next = nil, l.head
 	if l.head != nil {
 		l.head.prev = e
@@ -452,7 +468,7 @@ func (l *lru) pushFront(e *entry) {
 	}
 }
 
-func (l *lru) unlink(e *entry) {
+func (l *evictList) unlink(e *entry) {
 	if e.prev != nil {
 		e.prev.next = e.next
 	} else {
@@ -533,7 +549,8 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 		}
 		var st algorithms.State
 		if e := shards[i].lookup(hashes[i], r.Key); e != nil {
-			st = e.state // a copy: Peek may bring it up to date
+			r.Store.touch(e) // a rejection is a use too: see the package comment
+			st = e.state     // a copy: Peek may bring it up to date
 		} else {
 			st = algorithms.NewState(&r.Store.limit)
 		}
@@ -558,7 +575,7 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 			banned := b >= 0 && !ds[b].Allowed
 			if ds[i].Allowed && !banned && r.Store.limit.Kind != algorithms.Ban {
 				var e *entry
-				e, victims[i] = r.Store.get(shards[i], hashes[i], r.Key, now)
+				e, victims[i] = r.Store.get(shards[i], hashes[i], r.Key)
 				ds[i] = r.Store.limit.Take(&e.state, now, r.Cost)
 			}
 		}
@@ -587,7 +604,7 @@ func strike(now int64, reqs []Request, shards []*shard, hashes []uint64, ds []al
 		for j := b + 1; j < len(reqs); j++ {
 			if banOf(reqs, j) == b && !ds[j].Allowed {
 				var e *entry
-				e, victims[b] = r.Store.get(shards[b], hashes[b], r.Key, now)
+				e, victims[b] = r.Store.get(shards[b], hashes[b], r.Key)
 				ds[b] = r.Store.limit.Strike(&e.state, now)
 				started = started || !ds[b].Allowed
 				break

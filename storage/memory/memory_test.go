@@ -52,7 +52,7 @@ func TestTakeIsolatesKeys(t *testing.T) {
 }
 
 func TestMaxKeysEvictsLeastRecentlyUsed(t *testing.T) {
-	// MaxKeys 1 gives one shard of one key: an exact LRU to observe.
+	// MaxKeys 1: the one key held goes for the next.
 	s := newStore(t, algorithms.TokenBucket, 1, time.Hour, 1)
 	now := 100 * sec
 	take(t, s, "a", now)
@@ -86,32 +86,36 @@ func TestMaxKeysBound(t *testing.T) {
 	}
 }
 
-func TestLRUPromotesAtMostOncePerSecond(t *testing.T) {
-	l, err := algorithms.NewLimit(algorithms.FixedWindow, 100, time.Hour, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(storage.Zone{Name: "z", Limit: l, MaxKeys: 2})
-	ctx := context.Background()
+// TestRecencyKeptToHalfTheList: with max_keys 4, a key is moved to the
+// front by a decision only once 2 moves came after its own; in the front
+// half it stays where it is, and may go before a key used earlier.
+func TestRecencyKeptToHalfTheList(t *testing.T) {
+	s := newStore(t, algorithms.FixedWindow, 100, time.Hour, 4)
 	now := 100 * sec
-	s.Take(ctx, "a", now, algorithms.Milli)
-	s.Take(ctx, "b", now, algorithms.Milli)
-	// a used again within the second: not promoted, so a is still the
-	// least recently used and goes first.
-	s.Take(ctx, "a", now+500_000, algorithms.Milli)
-	s.Take(ctx, "c", now+600_000, algorithms.Milli)
-	if _, ok, _ := s.Peek(ctx, "a", now); ok {
-		t.Fatal("a kept, want evicted: a use within the second does not promote")
+	for _, k := range []string{"a", "b", "c", "d"} {
+		take(t, s, k, now) // the list, front first: d c b a
 	}
-	// b used a second after it was promoted: it moves ahead of c.
-	s.Take(ctx, "b", now+sec, algorithms.Milli)
-	s.Take(ctx, "d", now+sec, algorithms.Milli)
-	if _, ok, _ := s.Peek(ctx, "b", now); !ok {
-		t.Fatal("b evicted, want kept: used a second later, it was promoted")
+	take(t, s, "a", now) // 3 moves since a's: to the front (a d c b)
+	take(t, s, "d", now) // 1 move since d's: stays (a d c b)
+	take(t, s, "e", now) // evicts b
+	if _, ok, _ := shardOfPeek(s, "b", now); ok {
+		t.Fatal("b kept, want evicted: the least recently used")
 	}
-	if _, ok, _ := s.Peek(ctx, "c", now); ok {
-		t.Fatal("c kept, want evicted as least recently used")
+	if _, ok, _ := shardOfPeek(s, "a", now); !ok {
+		t.Fatal("a evicted, want kept: moved to the front")
 	}
+	take(t, s, "f", now) // evicts c
+	take(t, s, "g", now) // evicts d: used after a, but never moved
+	for k, want := range map[string]bool{"a": true, "c": false, "d": false, "e": true, "f": true, "g": true} {
+		if _, ok, _ := shardOfPeek(s, k, now); ok != want {
+			t.Errorf("%s held = %v, want %v", k, ok, want)
+		}
+	}
+	checkConsistent(t, s)
+}
+
+func shardOfPeek(s *Store, key string, now int64) (algorithms.Decision, bool, error) {
+	return s.Peek(context.Background(), key, now)
 }
 
 func shardOf(s *Store, key string) *shard {
@@ -170,16 +174,16 @@ func TestNoEvictionBelowMaxKeys(t *testing.T) {
 	}
 }
 
-// TestLRUOrderAcrossShards: the zone's least recently used key goes
+// TestEvictionOrderAcrossShards: the zone's least recently used key goes
 // first, whichever shard it is in.
-func TestLRUOrderAcrossShards(t *testing.T) {
+func TestEvictionOrderAcrossShards(t *testing.T) {
 	s := newStore(t, algorithms.TokenBucket, 5, time.Hour, 50)
 	now := 100 * sec
 	for i := 0; i < 50; i++ {
 		take(t, s, strconv.Itoa(i), now)
 	}
-	// Use all but 7 and 31 again a second later: those two are now the
-	// least recently used, in order.
+	// Use all but 7 and 31 again: those two are now the least recently
+	// used, in order.
 	for i := 0; i < 50; i++ {
 		if i != 7 && i != 31 {
 			take(t, s, strconv.Itoa(i), now+sec)
@@ -197,7 +201,7 @@ func TestLRUOrderAcrossShards(t *testing.T) {
 	}
 }
 
-// checkConsistent checks that the LRU list, the count and the tables
+// checkConsistent checks that the eviction list, the count and the tables
 // agree, and that every entry is where a lookup finds it.
 func checkConsistent(t *testing.T, s *Store) {
 	t.Helper()
@@ -213,14 +217,14 @@ func checkConsistent(t *testing.T, s *Store) {
 		}
 		sh.mu.Unlock()
 	}
-	s.lru.mu.Lock()
-	defer s.lru.mu.Unlock()
+	s.list.mu.Lock()
+	defer s.list.mu.Unlock()
 	listed := 0
-	for e := s.lru.head; e != nil; e = e.next {
+	for e := s.list.head; e != nil; e = e.next {
 		listed++
 	}
-	if int64(live) != s.lru.n || int64(listed) != s.lru.n || s.Len() != live || (int64(live) > s.maxKeys && s.limit.Kind != algorithms.Concurrency) {
-		t.Fatalf("inconsistent: %d live in maps, %d listed, n %d, Len %d, max %d", live, listed, s.lru.n, s.Len(), s.maxKeys)
+	if int64(live) != s.list.n || int64(listed) != s.list.n || s.Len() != live || (int64(live) > s.maxKeys && s.limit.Kind != algorithms.Concurrency) {
+		t.Fatalf("inconsistent: %d live in maps, %d listed, n %d, Len %d, max %d", live, listed, s.list.n, s.Len(), s.maxKeys)
 	}
 }
 
