@@ -175,16 +175,22 @@ func (sh *shard) find(h uint64, key string) int {
 	}
 }
 
+// live returns the index of key's slot in sh if its entry is live, or -1
+// (an evicted entry's deletion from the table is under way). sh.mu must
+// be held.
+func (sh *shard) live(h uint64, key string) int {
+	if i := sh.find(h, key); i >= 0 && !sh.slots[i].e.evicted.Load() {
+		return i
+	}
+	return -1
+}
+
 // lookup returns key's live entry in sh, or nil. sh.mu must be held.
 func (sh *shard) lookup(h uint64, key string) *entry {
-	i := sh.find(h, key)
-	if i < 0 {
-		return nil
+	if i := sh.live(h, key); i >= 0 {
+		return sh.slots[i].e
 	}
-	if e := sh.slots[i].e; !e.evicted.Load() {
-		return e
-	}
-	return nil // evicted; its deletion from the table is under way
+	return nil
 }
 
 // put stores e, whose key's hash is h, in sh, in place of an evicted entry
@@ -240,20 +246,6 @@ func (sh *shard) deleteAt(i int) {
 	}
 	sh.slots[i] = slot{}
 	sh.n--
-}
-
-// indexOf returns the index of e's slot in sh, or -1. sh.mu must be held.
-func (sh *shard) indexOf(h uint64, e *entry) int {
-	mask := len(sh.slots) - 1
-	if mask < 0 {
-		return -1
-	}
-	for i := home(h, mask); sh.slots[i].e != nil; i = (i + 1) & mask {
-		if sh.slots[i].e == e {
-			return i
-		}
-	}
-	return -1
 }
 
 // shrink gives back a table that sweeps and resets left mostly empty:
@@ -316,10 +308,11 @@ func (s *Store) touch(e *entry) {
 func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algorithms.Decision) error {
 	h, sh := s.locate(key)
 	sh.mu.Lock()
-	if e := sh.lookup(h, key); e != nil {
+	if i := sh.live(h, key); i >= 0 {
+		e := sh.slots[i].e
 		s.limit.Undo(&e.state, now, cost, taken)
 		if s.limit.Kind == algorithms.Concurrency && e.state.Level == 0 {
-			s.remove(sh, sh.indexOf(h, e))
+			s.remove(sh, i)
 		}
 	}
 	sh.mu.Unlock()
@@ -344,11 +337,11 @@ func (s *Store) Reset(_ context.Context, key string) (bool, error) {
 	h, sh := s.locate(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.lookup(h, key)
-	if e == nil {
+	i := sh.live(h, key)
+	if i < 0 {
 		return false, nil
 	}
-	s.remove(sh, sh.indexOf(h, e))
+	s.remove(sh, i)
 	sh.shrink()
 	return true, nil
 }
@@ -421,7 +414,9 @@ func (s *Store) drop(victim *entry) {
 	}
 	h, sh := s.locate(victim.key)
 	sh.mu.Lock()
-	if i := sh.indexOf(h, victim); i >= 0 {
+	// A key has one slot at most: inserted again meanwhile, its new
+	// entry took the victim's place, and stays.
+	if i := sh.find(h, victim.key); i >= 0 && sh.slots[i].e == victim {
 		sh.deleteAt(i)
 	}
 	sh.mu.Unlock()
