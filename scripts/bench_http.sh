@@ -13,24 +13,30 @@
 # handler writing those two headers costs Caddy: the floor of a rate
 # limiter that sends them.
 #
-# Usage: scripts/bench_http.sh [seconds per route, default 10] [connections, default 64] [rounds, default 1] [routes: all (default) or allowed]
+# Usage: scripts/bench_http.sh [seconds per route, default 10] [connections, default 64] [rounds, default 1] [routes: all (default) or allowed] [keys, default 10000]
 #
 # With several rounds, every route runs once per round, in turn, and the
 # medians of each round's ratios are printed last: on shared cores the
 # throughput drifts from minute to minute, and a ratio within one round
 # compares routes measured seconds apart. `allowed` runs only the bare,
-# header and memory routes, so that many short rounds fit in a few
-# minutes: the more rounds, the closer their median comes to the ratio
-# that the machine's drift hides in any one round.
+# header and memory routes, and the memory zone with `headers none`, so
+# that many short rounds fit in a few minutes: the more rounds, the closer
+# their median comes to the ratio that the machine's drift hides in any
+# one round. keys is how many distinct keys the allowed routes' requests
+# carry: with few, the store's memory stays in the processor's caches.
 # Needs Go, wrk and redis-server (apt-get install wrk redis-server).
 set -euo pipefail
 secs=${1:-10}
 conns=${2:-64}
 rounds=${3:-1}
 routes=${4:-all}
+nkeys=${5:-10000}
+case $nkeys in
+'' | *[!0-9]* | 0) echo "keys: want a positive whole number, got $nkeys" >&2; exit 2 ;;
+esac
 case $routes in
 all) groups=4 ;;
-allowed) groups=3 ;;
+allowed) groups=4 ;;
 *) echo "routes: want all or allowed, got $routes" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
@@ -85,6 +91,16 @@ http://:$hport {
 		}
 		respond "ok"
 	}
+	route /memory-none {
+		rate_limit {
+			zone memnone {
+				key {http.request.header.X-Key}
+				rate 1000000/s
+			}
+			headers none
+		}
+		respond "ok"
+	}
 	route /redis {
 		rate_limit {
 			zone red {
@@ -125,10 +141,10 @@ pids+=($!)
 cpid=$!
 for _ in $(seq 100); do curl -s "http://127.0.0.1:$hport/bare" >/dev/null 2>&1 && break; sleep 0.1; done
 
-# 10,000 keys, one per request at random; a hot key for the reject routes.
-cat >"$dir/keys.lua" <<'EOF'
+# nkeys keys, one per request at random; a hot key for the reject routes.
+cat >"$dir/keys.lua" <<EOF
 request = function()
-	wrk.headers["X-Key"] = "client-" .. math.random(10000)
+	wrk.headers["X-Key"] = "client-" .. math.random($nkeys)
 	return wrk.format(nil)
 end
 EOF
@@ -164,7 +180,7 @@ ratio() { python3 -c "print(f'{float(\"$1\")/float(\"$2\"):.2f}')"; }
 median() { python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.2f}')" "$@"; }
 echo "wrk -c$conns, ${secs}s per route, one Caddy, redis-server on 127.0.0.1:$rport, $rounds round(s)"
 r_hdr=() r_memhdr=() c_hdr=() r_mem=() r_red=() r_memhot=() r_redhot=() ran=0 rejected=0
-c_bare=() c_mem=() c_red=() c_redis=()
+c_bare=() c_mem=() c_red=() c_redis=() r_memnone=() c_memnone=()
 row() { printf "  %-34s %12s %8s %10s %10s\n" "$@"; }
 for round in $(seq "$rounds"); do
 	# Each round starts its routes one further along, so that no route
@@ -174,7 +190,13 @@ for round in $(seq "$rounds"); do
 		0) read -r bare bare_c _ <<<"$(run bare keys.lua)" ;;
 		1) read -r hdr hdr_c _ <<<"$(run header keys.lua)" ;;
 		2) read -r mem mem_c _ <<<"$(run memory keys.lua)" ;;
-		3) read -r red red_c red_r <<<"$(run redis keys.lua)" ;;
+		3)
+			if [ "$routes" = all ]; then
+				read -r red red_c red_r <<<"$(run redis keys.lua)"
+			else
+				read -r memnone memnone_c _ <<<"$(run memory-none keys.lua)"
+			fi
+			;;
 		esac
 	done
 	for i in 0 1 2; do
@@ -193,10 +215,14 @@ for round in $(seq "$rounds"); do
 	r_mem+=("$(ratio "$mem" "$bare")") c_bare+=("$bare_c") c_mem+=("$mem_c")
 	echo "round $round"
 	row route requests/s ratio "caddy µs" "redis µs"
-	row "bare respond (10,000 keys)" "$bare" 1.00 "$bare_c" -
+	row "bare respond ($nkeys keys)" "$bare" 1.00 "$bare_c" -
 	row "header directive, same headers" "$hdr" "$(ratio "$hdr" "$bare")" "$hdr_c" -
 	row "memory zone, allowed (ietf)" "$mem" "$(ratio "$mem" "$bare")" "$mem_c" -
-	[ "$routes" = all ] || continue
+	if [ "$routes" != all ]; then
+		r_memnone+=("$(ratio "$memnone" "$bare")") c_memnone+=("$memnone_c")
+		row "memory zone, allowed (no headers)" "$memnone" "$(ratio "$memnone" "$bare")" "$memnone_c" -
+		continue
+	fi
 	rejected=$(python3 -c "print($rejected + int(float('$redhot') * $secs))")
 	r_red+=("$(ratio "$red" "$mem")") r_memhot+=("$(ratio "$memhot" "$bare2")") r_redhot+=("$(ratio "$redhot" "$memhot")")
 	c_red+=("$red_c") c_redis+=("$red_r")
@@ -209,6 +235,9 @@ echo "medians over $rounds round(s):"
 echo "  memory allowed / bare:      $(median "${r_mem[@]}")"
 echo "  header directive / bare:    $(median "${r_hdr[@]}")   (the floor for a handler writing the two headers)"
 echo "  memory allowed / header:    $(median "${r_memhdr[@]}")"
+if [ "$routes" != all ]; then
+	echo "  memory, headers none / bare: $(median "${r_memnone[@]}")"
+fi
 if [ "$routes" = all ]; then
 	echo "  redis allowed / memory:     $(median "${r_red[@]}")"
 	echo "  memory rejected / bare:     $(median "${r_memhot[@]}")"
@@ -217,7 +246,9 @@ if [ "$routes" = all ]; then
 fi
 echo "CPU per request, medians (µs of Caddy's process; Redis's for the Redis route):"
 cpuline="  bare: $(median "${c_bare[@]}")   header directive: $(median "${c_hdr[@]}")   memory allowed: $(median "${c_mem[@]}")"
-if [ "$routes" = all ]; then
+if [ "$routes" != all ]; then
+	cpuline+="   memory, headers none: $(median "${c_memnone[@]}")"
+else
 	cpuline+="   redis allowed: $(median "${c_red[@]}") + Redis $(median "${c_redis[@]}")"
 fi
 echo "$cpuline"
