@@ -173,7 +173,7 @@ func TestShapingWithConcurrentClients(t *testing.T) {
 			start := time.Now()
 			req, _ := http.NewRequest(http.MethodGet, base+"/", nil)
 			req.Header.Set("X-Client", "shaped")
-			resp, err := tester.Client.Do(req)
+			resp, err := sendUnread(t, tester.Client, req)
 			if err != nil {
 				t.Error(err)
 				return

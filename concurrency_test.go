@@ -349,6 +349,7 @@ func TestConcurrencyLeasesOfAKilledInstance(t *testing.T) {
 			}
 			storage redis {
 				addresses ` + srv.Addr + `
+				timeout ` + testTimeout + `
 			}
 		}
 		reverse_proxy ` + strings.TrimPrefix(up.URL, "http://")
@@ -453,7 +454,7 @@ func guardInstances(up, storage string) string {
 			storage redis {
 				%s
 				pool_size %d
-				timeout 1s
+				timeout 10s
 			}
 		}
 		handle /login {
@@ -492,7 +493,7 @@ func TestGuardsExactAcrossThreeInstances(t *testing.T) {
 					for time.Now().Before(stop) {
 						req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:908%d/sleep", 1+w%3), nil)
 						req.Header.Set("X-Client", "crowd-"+c.name)
-						resp, err := tester.Client.Do(req)
+						resp, err := sendUnread(t, tester.Client, req)
 						if err != nil {
 							other.Add(1)
 							continue
@@ -525,7 +526,7 @@ func TestGuardsExactAcrossThreeInstances(t *testing.T) {
 			for i := 0; i < 9; i++ {
 				req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:908%d/login", 1+i%3), nil)
 				req.Header.Set("X-Client", "intruder-"+c.name)
-				resp, err := tester.Client.Do(req)
+				resp, err := sendUnread(t, tester.Client, req)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -570,7 +571,7 @@ func TestConcurrencyWhenRedisGoesDown(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
 	tester := caddytest.NewTester(t)
-	tester.InitServer(concurrencySite(up.URL, "storage redis {\n\t\t\t\taddresses "+srv.Addr+"\n\t\t\t\ttimeout 100ms\n\t\t\t}"), "caddyfile")
+	tester.InitServer(concurrencySite(up.URL, "storage redis {\n\t\t\t\taddresses "+srv.Addr+"\n\t\t\t\ttimeout "+testTimeout+"\n\t\t\t}"), "caddyfile")
 	status, held := startRequest(t, context.Background(), tester.Client, base+"/dl", "down")
 	if status != 200 {
 		t.Fatalf("held request: %d", status)

@@ -2,7 +2,6 @@ package tollgate
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -203,15 +201,7 @@ func send(t *testing.T, tester *caddytest.Tester, method, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := tester.Client.Do(req)
-	if errors.Is(err, syscall.ECONNRESET) {
-		// Caddy, reloading, may close a connection that the server of the
-		// config before (shutting down) accepted: not yet read, so not
-		// decided; the request goes again, on a new connection.
-		t.Logf("%s %s: %v; sending it again", method, path, err)
-		time.Sleep(50 * time.Millisecond)
-		resp, err = tester.Client.Do(req)
-	}
+	resp, err := sendUnread(t, tester.Client, req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}

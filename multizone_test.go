@@ -27,7 +27,7 @@ func multiZoneStores(t *testing.T) map[string]func(t *testing.T) string {
 		"memory": func(*testing.T) string { return "" },
 		"redis": func(t *testing.T) string {
 			srv := redistest.Start(t)
-			return "storage redis {\n\t\t\t\taddresses " + srv.Addr + "\n\t\t\t}"
+			return "storage redis {\n\t\t\t\taddresses " + srv.Addr + "\n\t\t\t\ttimeout " + testTimeout + "\n\t\t\t}"
 		},
 	}
 }

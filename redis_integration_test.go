@@ -17,15 +17,29 @@ import (
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
-// redisSite is a site whose zones keep their state in the Redis at addr.
+// redisSite is a site whose zones keep their state in the Redis at addr,
+// with a decision timeout (testTimeout) that a loaded machine does not
+// reach: a timed-out decision follows on_storage_error, which is not what
+// these tests look at.
 func redisSite(addr, zones string) string {
+	return redisSiteWithTimeout(addr, testTimeout, zones)
+}
+
+// testTimeout is the Redis decision timeout of the tests that assert exact
+// decisions. The default (100ms) is reached on a shared CI machine under
+// load, and a decision that times out is decided by on_storage_error
+// (local, by default: this instance's memory), not by the shared state.
+const testTimeout = "10s"
+
+// redisSiteWithTimeout is redisSite with the given decision timeout.
+func redisSiteWithTimeout(addr, timeout, zones string) string {
 	return globalOptions + `
 	localhost:9080 {
 		rate_limit {
 ` + zones + `
 			storage redis {
 				addresses ` + addr + `
-				timeout 100ms
+				timeout ` + timeout + `
 			}
 		}
 		respond "ok"
@@ -47,6 +61,7 @@ func TestRedisStorageSharesStateAcrossHandlers(t *testing.T) {
 				}
 				storage redis {
 					addresses `+srv.Addr+`
+					timeout `+testTimeout+`
 				}
 			}
 			respond "a"
@@ -60,6 +75,7 @@ func TestRedisStorageSharesStateAcrossHandlers(t *testing.T) {
 				storage redis {
 					addresses `+srv.Addr+`
 					pool_size 4
+					timeout `+testTimeout+`
 				}
 			}
 			respond "b"
@@ -155,7 +171,7 @@ func TestRedisOnStorageError(t *testing.T) {
 func TestRedisSlowOrHungIsBoundedByTimeout(t *testing.T) {
 	srv := redistest.Start(t)
 	tester := caddytest.NewTester(t)
-	tester.InitServer(redisSite(srv.Addr, `
+	tester.InitServer(redisSiteWithTimeout(srv.Addr, "100ms", `
 			zone hung {
 				key {http.request.header.X-Client}
 				rate 100/h
@@ -321,7 +337,7 @@ func TestRedisDenyOutageLogsOnce(t *testing.T) {
 			}
 			storage redis {
 				addresses ` + srv.Addr + `
-				timeout 100ms
+				timeout ` + testTimeout + `
 			}
 		}
 		respond "ok"

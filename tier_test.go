@@ -101,7 +101,7 @@ func TestTierStateIsPerTier(t *testing.T) {
 	for name, storage := range map[string]func(t *testing.T) string{
 		"memory": func(*testing.T) string { return "" },
 		"redis": func(t *testing.T) string {
-			return `, "storage": {"module": "redis", "addresses": ["` + redistest.Start(t).Addr + `"]}`
+			return `, "storage": {"module": "redis", "addresses": ["` + redistest.Start(t).Addr + `"], "timeout": "` + testTimeout + `"}`
 		},
 	} {
 		t.Run(name, func(t *testing.T) { tierStatePerTier(t, storage(t)) })
@@ -164,10 +164,11 @@ func TestTiersExactAcrossThreeInstances(t *testing.T) {
 			storage redis {
 				addresses %s
 				pool_size %d
+				timeout %s
 			}
 		}
 		respond "ok"
-	}`, i, addrs, 16+i)
+	}`, i, addrs, 16+i, testTimeout)
 			}
 			tester := caddytest.NewTester(t)
 			tester.InitServer(cfg, "caddyfile")
@@ -183,7 +184,7 @@ func TestTiersExactAcrossThreeInstances(t *testing.T) {
 						defer wg.Done()
 						for i := 0; i < 8; i++ {
 							url := fmt.Sprintf("http://localhost:908%d/", 1+(g+i)%3)
-							resp, err := tester.Client.Do(mustRequest(t, url, "X-Client: "+w.client, "X-Plan: "+w.plan))
+							resp, err := sendUnread(t, tester.Client, mustRequest(t, url, "X-Client: "+w.client, "X-Plan: "+w.plan))
 							if err != nil {
 								other.Add(1)
 								continue
