@@ -454,7 +454,7 @@ func guardInstances(up, storage string) string {
 			storage redis {
 				%s
 				pool_size %d
-				timeout 10s
+				timeout `+testTimeout+`
 			}
 		}
 		handle /login {

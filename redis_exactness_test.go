@@ -30,7 +30,7 @@ func threeInstances(storage string) string {
 			storage redis {
 				%s
 				pool_size %d
-				timeout 10s
+				timeout `+testTimeout+`
 			}
 		}
 		respond "ok"
