@@ -55,30 +55,21 @@ for _ in $(seq 50); do redis-cli -p "$rport" PING >/dev/null 2>&1 && break; slee
 
 go build -o "$dir/caddy" ./cmd/caddy
 aport=$(freeport)
-# Each route is a site of its own, on its own port. In one site, Caddy
-# tries the routes in turn (the Caddyfile sorts them by path length, so
-# /bare came last), and each route passed costs a path match: about 1% of
-# a request for four routes on this machine, which counted for or
-# against a route. One site a route, and every route is reached the same
-# way: only what its handlers do differs.
+# A site a route (see globals in benchlib.sh): every route is reached the
+# same way, and only what its handlers do differs.
 declare -A port
 for r in bare header memory memory-none redis memory-hot redis-hot; do port[$r]=$(freeport); done
-zone() { # name rate [lines after the zone]
-	printf '\trate_limit {\n\t\tzone %s {\n\t\t\tkey {http.request.header.X-Key}\n\t\t\trate %s\n\t\t}\n%s\n\t}' "$1" "$2" "${3:-}"
-}
-site() { # route handlers
-	printf 'http://:%s {\n%s\n\trespond "ok"\n}\n' "${port[$1]}" "$2"
-}
+rate() { printf '\t\t\trate %s' "$1"; }
 redis=$(printf '\t\tstorage redis {\n\t\t\taddresses 127.0.0.1:%s\n\t\t}' "$rport")
 {
-	printf '{\n\tadmin localhost:%s\n\tauto_https off\n\tlog {\n\t\toutput discard\n\t}\n}\n' "$aport"
-	site bare ""
-	site header "$(printf '\theader RateLimit-Policy "\\"mem\\";q=1000000;w=1"\n\theader RateLimit "\\"mem\\";r=999999;t=1"')"
-	site memory "$(zone mem 1000000/s)"
-	site memory-none "$(zone memnone 1000000/s "$(printf '\t\theaders none')")"
-	site redis "$(zone red 1000000/s "$redis")"
-	site memory-hot "$(zone memhot 1/h)"
-	site redis-hot "$(zone redhot 1/h "$redis")"
+	globals "$aport"
+	site "${port[bare]}" ""
+	site "${port[header]}" "$(printf '\theader RateLimit-Policy "\\"mem\\";q=1000000;w=1"\n\theader RateLimit "\\"mem\\";r=999999;t=1"')"
+	site "${port[memory]}" "$(zone mem "$(rate 1000000/s)")"
+	site "${port[memory-none]}" "$(zone memnone "$(rate 1000000/s)" "$(printf '\t\theaders none')")"
+	site "${port[redis]}" "$(zone red "$(rate 1000000/s)" "$redis")"
+	site "${port[memory-hot]}" "$(zone memhot "$(rate 1/h)")"
+	site "${port[redis-hot]}" "$(zone redhot "$(rate 1/h)" "$redis")"
 } >"$dir/Caddyfile"
 "$dir/caddy" run --config "$dir/Caddyfile" --adapter caddyfile >"$dir/caddy.out" 2>&1 &
 pids+=($!)

@@ -60,28 +60,20 @@ EOF
 	GOFLAGS=-mod=mod go build -o "$dir/caddy-mholt" .
 )
 
-# Each route is a site of its own, on its own port: Caddy tries a site's
-# routes in turn (the Caddyfile sorts them by path length), so routes in
-# one site would not cost the same to reach, and that difference (about
-# 1% of a request here, for four routes) would count for or against a
-# route. One site a route, and every route is reached the same way.
-# caddyfile prints a Caddyfile with admin on aport and a site per
-# "port body" argument.
-caddyfile() { # aport "port body"...
-	printf '{\n\tadmin localhost:%s\n\tauto_https off\n\tlog {\n\t\toutput discard\n\t}\n}\n' "$1"
-	shift
-	for s in "$@"; do
-		printf 'http://:%s {\n%s\n\trespond "ok"\n}\n' "${s%% *}" "${s#* }"
-	done
-}
-zone() { # name, Caddyfile lines inside the zone, options after it
-	printf '\trate_limit {\n\t\tzone %s {\n\t\t\tkey {http.request.header.X-Key}\n%s\n\t\t}\n%s\n\t}' "$1" "$2" "$3"
-}
+# A site a route (see globals in benchlib.sh).
 tb=$(freeport) tm=$(freeport) tn=$(freeport) ta=$(freeport)
 mb=$(freeport) mm=$(freeport) ma=$(freeport)
-caddyfile "$ta" "$tb #" "$tm $(zone mem $'\t\t\trate 1000000/s' '')" \
-	"$tn $(zone memnone $'\t\t\trate 1000000/s' $'\t\theaders none')" >"$dir/Caddyfile.tollgate"
-caddyfile "$ma" "$mb #" "$mm $(zone mh $'\t\t\tevents 100\n\t\t\twindow 1s' '')" >"$dir/Caddyfile.mholt"
+{
+	globals "$ta"
+	site "$tb" ""
+	site "$tm" "$(zone mem $'\t\t\trate 1000000/s')"
+	site "$tn" "$(zone memnone $'\t\t\trate 1000000/s' $'\t\theaders none')"
+} >"$dir/Caddyfile.tollgate"
+{
+	globals "$ma"
+	site "$mb" ""
+	site "$mm" "$(zone mh $'\t\t\tevents 100\n\t\t\twindow 1s')"
+} >"$dir/Caddyfile.mholt"
 "$dir/caddy-tollgate" run --config "$dir/Caddyfile.tollgate" --adapter caddyfile >"$dir/tollgate.out" 2>&1 &
 tpid=$!
 pids+=($tpid)
