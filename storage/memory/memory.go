@@ -70,6 +70,9 @@ type Store struct {
 	stale     int64        // moves after which a key's place is stale: MaxKeys/2
 	keys      atomic.Int64 // list.n, readable without the lock
 	evictions atomic.Int64
+	// offset, when set (see Follow), is added to every time the store
+	// is given, so that it keeps another store's clock.
+	offset atomic.Pointer[atomic.Int64]
 }
 
 // shard is a hash table of entries, guarded by mu: slots is empty or has
@@ -267,8 +270,54 @@ func (sh *shard) shrink() {
 	sh.resize(size)
 }
 
+// Follow makes s keep another store's clock: from now on, every time it is
+// given (its methods' now, TakeAll's) is read as that time plus *offset,
+// the other clock's lead, which the caller keeps up to date. A local copy
+// of a shared state (see Seed) is timed by the shared store's clock.
+func (s *Store) Follow(offset *atomic.Int64) {
+	s.offset.Store(offset)
+}
+
+// at is now on the store's clock.
+func (s *Store) at(now int64) int64 {
+	if off := s.offset.Load(); off != nil {
+		return now + off.Load()
+	}
+	return now
+}
+
+// Seed sets key's state to a copy of the shared state that made d, a
+// decision another store (Redis) made for a request of cost, which it
+// charged if charged (see algorithms.Limit.Seed); d.At is on the other
+// store's clock, which s should Follow. A key the store does not hold is
+// added only if the copy is not fresh. A concurrency store is not seeded.
+func (s *Store) Seed(key string, d algorithms.Decision, cost int64, charged bool) {
+	if s.limit.Kind == algorithms.Concurrency {
+		return
+	}
+	h, sh := s.locate(key)
+	sh.mu.Lock()
+	e := sh.lookup(h, key)
+	var victim *entry
+	if e == nil {
+		var st algorithms.State
+		s.limit.Seed(&st, d, cost, charged)
+		if s.limit.Fresh(&st, d.At) {
+			sh.mu.Unlock()
+			return
+		}
+		e, victim = s.insert(sh, h, key)
+	} else {
+		s.touch(e)
+	}
+	s.limit.Seed(&e.state, d, cost, charged)
+	sh.mu.Unlock()
+	s.drop(victim)
+}
+
 // Take decides one request for key at now. It never fails.
 func (s *Store) Take(_ context.Context, key string, now, cost int64) (algorithms.Decision, error) {
+	now = s.at(now)
 	h, sh := s.locate(key)
 	sh.mu.Lock()
 	e, victim := s.get(sh, h, key)
@@ -306,6 +355,7 @@ func (s *Store) touch(e *entry) {
 // charged, to where it was charged (see algorithms.Limit.Undo). A key that
 // was evicted or swept meanwhile has nothing to give back.
 func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algorithms.Decision) error {
+	now = s.at(now)
 	h, sh := s.locate(key)
 	sh.mu.Lock()
 	if i := sh.live(h, key); i >= 0 {
@@ -322,6 +372,7 @@ func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algor
 // Peek reports the decision one event for key would get at now, charging
 // nothing. ok is false for a key the store does not hold.
 func (s *Store) Peek(_ context.Context, key string, now int64) (algorithms.Decision, bool, error) {
+	now = s.at(now)
 	h, sh := s.locate(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -349,6 +400,7 @@ func (s *Store) Reset(_ context.Context, key string) (bool, error) {
 // Sweep forgets every key whose state is fresh at now and returns how many
 // it forgot. It locks one shard at a time.
 func (s *Store) Sweep(now int64) int {
+	now = s.at(now)
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -549,7 +601,7 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 		} else {
 			st = algorithms.NewState(&r.Store.limit)
 		}
-		ds[i] = r.Store.limit.Peek(&st, now, r.Cost)
+		ds[i] = r.Store.limit.Peek(&st, r.Store.at(now), r.Cost)
 		if !ds[i].Allowed && !r.DryRun && rejected < 0 {
 			rejected = i
 		}
@@ -571,7 +623,7 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 			if ds[i].Allowed && !banned && r.Store.limit.Kind != algorithms.Ban {
 				var e *entry
 				e, victims[i] = r.Store.get(shards[i], hashes[i], r.Key)
-				ds[i] = r.Store.limit.Take(&e.state, now, r.Cost)
+				ds[i] = r.Store.limit.Take(&e.state, r.Store.at(now), r.Cost)
 			}
 		}
 	}
@@ -600,7 +652,7 @@ func strike(now int64, reqs []Request, shards []*shard, hashes []uint64, ds []al
 			if banOf(reqs, j) == b && !ds[j].Allowed {
 				var e *entry
 				e, victims[b] = r.Store.get(shards[b], hashes[b], r.Key)
-				ds[b] = r.Store.limit.Strike(&e.state, now)
+				ds[b] = r.Store.limit.Strike(&e.state, r.Store.at(now))
 				started = started || !ds[b].Allowed
 				break
 			}

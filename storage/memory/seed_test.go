@@ -1,0 +1,91 @@
+package memory
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+// TestSeedFollowsTheSharedState: a store that follows another's clock and
+// is seeded from its decisions decides, on its own, as the shared state
+// would: at the shared clock's time, however far this instance's clock is
+// from it, and with the shared state's windows.
+func TestSeedFollowsTheSharedState(t *testing.T) {
+	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.FixedWindow, algorithms.SlidingWindow, algorithms.SlidingLog} {
+		t.Run(kind.String(), func(t *testing.T) {
+			l, err := algorithms.NewLimit(kind, 3, time.Minute, 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			shared := New(storage.Zone{Name: "shared", Limit: l})
+			local := New(storage.Zone{Name: "local", Limit: l})
+			var offset atomic.Int64
+			local.Follow(&offset)
+
+			// The shared clock is 1000s (and a half window) ahead of
+			// this instance's: its window ends 30s after the decisions.
+			sharedNow := 1000*60*sec + 30*sec
+			mine := 7 * sec
+			offset.Store(sharedNow - mine)
+			for range 3 {
+				d := take(t, shared, "k", sharedNow)
+				local.Seed("k", d, algorithms.Milli, d.Allowed)
+			}
+			if d := take(t, local, "k", mine); d.Allowed {
+				t.Fatalf("the copy admitted a 4th request of 3: %+v", d)
+			}
+			// Once the shared state would admit again, so does the copy:
+			// half a window on for the windows (the next window), a
+			// window on for all.
+			later := int64(60 * sec)
+			if kind == algorithms.FixedWindow {
+				later = 30 * sec
+			}
+			if want := take(t, shared, "k", sharedNow+later); !want.Allowed {
+				t.Fatalf("the shared state rejects %s on: %+v", time.Duration(later)*time.Microsecond, want)
+			}
+			if d := take(t, local, "k", mine+later); !d.Allowed {
+				t.Fatalf("the copy rejects %s on, where the shared state admits: %+v", time.Duration(later)*time.Microsecond, d)
+			}
+			if d, ok, _ := local.Peek(context.Background(), "k", mine+later); !ok || d.At != sharedNow+later {
+				t.Fatalf("Peek on the copy = %+v, %v: want it timed by the shared clock (%d)", d, ok, sharedNow+later)
+			}
+		})
+	}
+}
+
+// TestSeedAddsOnlyKeysThatAreNotFresh: a decision that leaves the shared
+// state fresh (a request of cost 0, or a concurrency store's) adds no
+// key, and seeded keys count against MaxKeys like any.
+func TestSeedAddsOnlyKeysThatAreNotFresh(t *testing.T) {
+	s := newStore(t, algorithms.TokenBucket, 2, time.Minute, 2)
+	now := 100 * sec
+	s.Seed("fresh", algorithms.Decision{Allowed: true, Remaining: 2, At: now}, 0, false)
+	if s.Len() != 0 {
+		t.Fatalf("a fresh copy was added: Len() = %d", s.Len())
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		s.Seed(k, algorithms.Decision{Allowed: true, Remaining: 1, Reset: 30 * sec, At: now}, algorithms.Milli, true)
+	}
+	if s.Len() != 2 || s.Evictions() != 1 {
+		t.Fatalf("after 3 seeds in a store of 2 keys: Len() = %d, Evictions() = %d, want 2 and 1", s.Len(), s.Evictions())
+	}
+	if d, ok, _ := s.Peek(context.Background(), "c", now); !ok || d.Remaining != 1 {
+		t.Fatalf("Peek(c) = %+v, %v, want the seeded state (1 left)", d, ok)
+	}
+
+	c := newStore(t, algorithms.TokenBucket, 2, time.Minute, 0)
+	cl, err := algorithms.NewConcurrency(2, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.limit = cl
+	c.Seed("k", algorithms.Decision{Allowed: true, Remaining: 1, Reset: sec, At: now}, algorithms.Milli, true)
+	if c.Len() != 0 {
+		t.Fatalf("a concurrency store was seeded: Len() = %d", c.Len())
+	}
+}
