@@ -158,3 +158,31 @@ func TestDenyCacheMultiZone(t *testing.T) {
 	}
 	var _ storage.Limiter = fast
 }
+
+// TestDecideReportsWhoDecided: Decide tells a decision Redis made from one
+// the deny cache answered with an earlier decision of Redis's.
+func TestDecideReportsWhoDecided(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	for _, cache := range []bool{false, true} {
+		s := newTestStore(c)
+		if cache {
+			s = cachedStore(c)
+		}
+		zl := zoneOf(s, "who", mustLimit(t, algorithms.TokenBucket, 1, time.Hour, 0, 0))
+		reqs := []Request{{Zone: zl, Key: "k", Cost: 1000}}
+		for i, want := range []struct {
+			rejected int
+			decided  bool
+		}{{-1, true}, {0, true}, {0, !cache}} {
+			_, r, decided, err := s.Decide(context.Background(), epoch, reqs)
+			if err != nil || r != want.rejected || decided != want.decided {
+				t.Fatalf("cache %v, request %d: rejected %d, decided %v, %v; want %d, %v", cache, i, r, decided, err, want.rejected, want.decided)
+			}
+		}
+		s.Close()
+		if err := c.FlushAll(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

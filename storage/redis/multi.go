@@ -79,32 +79,41 @@ var (
 // back expires with its key); the caller may decide zone by zone instead.
 // A deadline of ctx bounds the decision; giving back gets as long again.
 func (s *Store) TakeAll(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, err error) {
+	ds, rejected, _, err = s.Decide(ctx, now, reqs)
+	return ds, rejected, err
+}
+
+// Decide is TakeAll, and also reports whether Redis decided the request:
+// false when the deny cache answered it, with decisions Redis made
+// earlier (their At is then the time of that earlier decision).
+func (s *Store) Decide(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, decided bool, err error) {
 	if len(reqs) == 0 {
-		return nil, -1, nil
+		return nil, -1, false, nil
 	}
 	parts, err := s.parts(reqs)
 	if err != nil {
-		return nil, -1, fmt.Errorf("redis store: take all: %w", err)
+		return nil, -1, false, fmt.Errorf("redis store: take all: %w", err)
 	}
 	if s.deny != nil {
 		return s.takeCached(ctx, now, parts)
 	}
-	return s.takeAll(ctx, now, parts)
+	ds, rejected, err = s.takeAll(ctx, now, parts)
+	return ds, rejected, err == nil, err
 }
 
 // takeCached is takeAll with a deny cache: a request the cache answers
 // costs no round trip, and a request Redis rejects is remembered.
-func (s *Store) takeCached(ctx context.Context, now int64, parts []part) ([]algorithms.Decision, int, error) {
+func (s *Store) takeCached(ctx context.Context, now int64, parts []part) ([]algorithms.Decision, int, bool, error) {
 	s.listen()
 	ds := make([]algorithms.Decision, len(parts))
 	if s.deny.lookup(now, parts, ds) {
-		return ds, firstRejecting(parts, ds), nil
+		return ds, firstRejecting(parts, ds), false, nil
 	}
 	ds, rejected, err := s.takeAll(ctx, now, parts)
 	if err == nil && rejected >= 0 && cacheable(parts, ds) {
 		s.deny.store(now, parts, ds)
 	}
-	return ds, rejected, err
+	return ds, rejected, err == nil, err
 }
 
 // cacheable reports whether a rejected request may be answered from the
