@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -124,6 +125,12 @@ type pooledRedis struct {
 	client goredis.UniversalClient
 	store  *redisstore.Store
 	health redisHealth
+	// lead is how far Redis's clock is ahead of this instance's (µs), as
+	// the last decision Redis made showed it: never less than the true
+	// lead, since a decision is made after the request's time was read.
+	// The local copies of on_storage_error local keep Redis's clock with
+	// it (see follow).
+	lead atomic.Int64
 }
 
 // Destruct closes the client when no configuration uses it any more.
@@ -479,7 +486,7 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 	// Redis decides by its own clock; the store's deny cache times its
 	// entries by this instance's monotonic one (the handler's now may be
 	// a test's fake clock).
-	ds, rejected, err := r.client.store.TakeAll(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
+	ds, rejected, decided, err := r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
 	h.observe(ctx, err)
 	if err != nil {
 		return -1, err
@@ -487,7 +494,43 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 	for i := range results {
 		results[i].d, results[i].limiter = ds[i], results[i].z.limiter
 	}
+	if decided {
+		r.client.follow(now, results, rejected < 0)
+	}
 	return rejected, nil
+}
+
+// follow keeps the local copies of on_storage_error local up with what
+// Redis decided for a request read at now (charged tells whether it was
+// admitted): Redis's clock's lead, and each part's state, so that a
+// decision Redis cannot make in time goes on from where the shared state
+// stood at this instance's last decision on the key, not from a fresh key.
+// The copies follow this instance's decisions only: what other instances
+// take meanwhile, this one learns at its next decision.
+func (p *pooledRedis) follow(now int64, results []result, charged bool) {
+	led := false
+	for i := range results {
+		res := &results[i]
+		if storage.Skipped(res.d) {
+			continue // a zone its ban answered for: not decided
+		}
+		if !led {
+			p.lead.Store(res.d.At - now)
+			led = true
+		}
+		if res.z.local != nil && res.z.mem != nil {
+			res.z.mem.Seed(res.key, res.d, res.cost, charged && res.d.Allowed)
+		}
+	}
+}
+
+// redisLead is Redis's clock's lead for the local copies to follow, or nil
+// for a backend that is not Redis.
+func redisLead(b Backend) *atomic.Int64 {
+	if r, ok := b.(*RedisStorage); ok && r.client != nil {
+		return &r.client.lead
+	}
+	return nil
 }
 
 // UnmarshalCaddyfile sets up the module from Caddyfile tokens. Syntax:
