@@ -13,7 +13,7 @@
 # handler writing those two headers costs Caddy: the floor of a rate
 # limiter that sends them.
 #
-# Usage: scripts/bench_http.sh [seconds per route, default 10] [connections, default 64] [rounds, default 1] [routes: all (default) or allowed] [keys, default 10000]
+# Usage: scripts/bench_http.sh [seconds per route, default 10] [connections, default 64] [rounds, default 1] [routes: all (default), allowed or follow] [keys, default 10000]
 #
 # With several rounds, every route runs once per round, in turn, and the
 # medians of each round's ratios are printed last: on shared cores the
@@ -24,6 +24,10 @@
 # their median comes to the ratio that the machine's drift hides in any
 # one round. keys is how many distinct keys the allowed routes' requests
 # carry: with few, the store's memory stays in the processor's caches.
+# `follow` runs the memory zone and the Redis zone twice, with
+# on_storage_error local (the default: each decision also seeds the local
+# copy a timed-out decision goes on from) and allow (no local copy): the
+# cost of keeping the copy, measured side by side.
 # Needs Go, wrk and redis-server (apt-get install wrk redis-server).
 set -euo pipefail
 secs=${1:-10}
@@ -35,8 +39,8 @@ case $nkeys in
 '' | *[!0-9]* | 0) echo "keys: want a positive whole number, got $nkeys" >&2; exit 2 ;;
 esac
 case $routes in
-all | allowed) ;;
-*) echo "routes: want all or allowed, got $routes" >&2; exit 2 ;;
+all | allowed | follow) ;;
+*) echo "routes: want all, allowed or follow, got $routes" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 for bin in wrk redis-server redis-cli; do
@@ -58,7 +62,7 @@ aport=$(freeport)
 # A site a route (see globals in benchlib.sh): every route is reached the
 # same way, and only what its handlers do differs.
 declare -A port
-for r in bare header memory memory-none redis memory-hot redis-hot; do port[$r]=$(freeport); done
+for r in bare header memory memory-none redis redis-allow memory-hot redis-hot; do port[$r]=$(freeport); done
 rate() { printf '\t\t\trate %s' "$1"; }
 redis=$(printf '\t\tstorage redis {\n\t\t\taddresses 127.0.0.1:%s\n\t\t}' "$rport")
 {
@@ -68,6 +72,7 @@ redis=$(printf '\t\tstorage redis {\n\t\t\taddresses 127.0.0.1:%s\n\t\t}' "$rpor
 	site "${port[memory]}" "$(zone mem "$(rate 1000000/s)")"
 	site "${port[memory-none]}" "$(zone memnone "$(rate 1000000/s)" "$(printf '\t\theaders none')")"
 	site "${port[redis]}" "$(zone red "$(rate 1000000/s)" "$redis")"
+	site "${port[redis-allow]}" "$(zone redallow "$(rate 1000000/s)$(printf '\n\t\t\ton_storage_error allow')" "$redis")"
 	site "${port[memory-hot]}" "$(zone memhot "$(rate 1/h)")"
 	site "${port[redis-hot]}" "$(zone redhot "$(rate 1/h)" "$redis")"
 } >"$dir/Caddyfile"
@@ -109,8 +114,26 @@ median() { python3 -c "import statistics, sys; print(f'{statistics.median(map(fl
 echo "wrk -c$conns, ${secs}s per route, one Caddy (a site a route), redis-server on 127.0.0.1:$rport, $rounds round(s)"
 r_hdr=() r_memhdr=() c_hdr=() r_mem=() r_red=() r_memhot=() r_redhot=() ran=0 rejected=0
 c_bare=() c_mem=() c_red=() c_redis=() r_memnone=() c_memnone=()
+r_redal=() r_follow=() c_redal=() c_redisal=()
 row() { printf "  %-34s %12s %8s %10s %10s\n" "$@"; }
 for round in $(seq "$rounds"); do
+	if [ "$routes" = follow ]; then
+		for i in 0 1 2; do
+			case $(((i + round) % 3)) in
+			0) read -r mem mem_c _ <<<"$(run memory keys.lua)" ;;
+			1) read -r red red_c red_r <<<"$(run redis keys.lua)" ;;
+			2) read -r redal redal_c redal_r <<<"$(run redis-allow keys.lua)" ;;
+			esac
+		done
+		r_red+=("$(ratio "$red" "$mem")") r_redal+=("$(ratio "$redal" "$mem")") r_follow+=("$(ratio "$red" "$redal")")
+		c_red+=("$red_c") c_redis+=("$red_r") c_redal+=("$redal_c") c_redisal+=("$redal_r")
+		echo "round $round"
+		row route requests/s ratio "caddy µs" "redis µs"
+		row "memory zone, allowed (ietf)" "$mem" 1.00 "$mem_c" -
+		row "redis zone, on_storage_error local" "$red" "$(ratio "$red" "$mem")" "$red_c" "$red_r"
+		row "redis zone, on_storage_error allow" "$redal" "$(ratio "$redal" "$mem")" "$redal_c" "$redal_r"
+		continue
+	fi
 	# Each round starts its routes one further along, so that no route
 	# is always the first one measured after the Redis routes.
 	for i in 0 1 2 3; do
@@ -159,6 +182,15 @@ for round in $(seq "$rounds"); do
 	row "memory zone, hot key rejected" "$memhot" "$(ratio "$memhot" "$bare2")" "$memhot_c" -
 	row "redis zone, hot key rejected" "$redhot" "$(ratio "$redhot" "$bare2")" "$redhot_c" "$redhot_r"
 done
+if [ "$routes" = follow ]; then
+	echo "medians over $rounds round(s):"
+	echo "  redis, local / memory:      $(median "${r_red[@]}")"
+	echo "  redis, allow / memory:      $(median "${r_redal[@]}")"
+	echo "  redis, local / allow:       $(median "${r_follow[@]}")   (the cost of the local copy)"
+	echo "CPU per request, medians (µs of Caddy's process + Redis's):"
+	echo "  redis, local: $(median "${c_red[@]}") + $(median "${c_redis[@]}")   redis, allow: $(median "${c_redal[@]}") + $(median "${c_redisal[@]}")"
+	exit 0
+fi
 echo "medians over $rounds round(s):"
 echo "  memory allowed / bare:      $(median "${r_mem[@]}")"
 echo "  header directive / bare:    $(median "${r_hdr[@]}")   (the floor for a handler writing the two headers)"

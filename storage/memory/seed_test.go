@@ -2,6 +2,9 @@ package memory
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,5 +90,50 @@ func TestSeedAddsOnlyKeysThatAreNotFresh(t *testing.T) {
 	c.Seed("k", algorithms.Decision{Allowed: true, Remaining: 1, Reset: sec, At: now}, algorithms.Milli, true)
 	if c.Len() != 0 {
 		t.Fatalf("a concurrency store was seeded: Len() = %d", c.Len())
+	}
+}
+
+// BenchmarkSeed measures what a Redis decision costs this instance to keep
+// its key's local copy (on_storage_error local): one Seed, keys in random
+// order, beside BenchmarkTake's random case, the memory store's own
+// decision.
+func BenchmarkSeed(b *testing.B) {
+	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog} {
+		for _, nkeys := range []int{10_000, 100_000} {
+			b.Run(fmt.Sprintf("alg=%s/keys=%d/random", kind, nkeys), func(b *testing.B) {
+				l, err := algorithms.NewLimit(kind, 1_000_000, time.Second, 0, 0)
+				if kind == algorithms.SlidingLog {
+					l, err = algorithms.NewLimit(kind, 100, time.Second, 0, 0)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				shared := New(storage.Zone{Name: "shared", Limit: l})
+				local := New(storage.Zone{Name: "local", Limit: l})
+				var lead atomic.Int64
+				local.Follow(&lead)
+				keys := make([]string, nkeys)
+				ctx := context.Background()
+				for i := range keys {
+					keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
+					d, _ := shared.Take(ctx, keys[i], 1, algorithms.Milli)
+					local.Seed(keys[i], d, algorithms.Milli, true)
+				}
+				// The decisions to seed from, as Redis would return them.
+				rng := rand.New(rand.NewPCG(1, 2))
+				order := make([]int32, 1<<16)
+				ds := make([]algorithms.Decision, len(order))
+				for i := range order {
+					order[i] = int32(rng.IntN(nkeys))
+					ds[i], _ = shared.Take(ctx, keys[order[i]], int64(2+i), algorithms.Milli)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; b.Loop(); i++ {
+					j := i % len(order)
+					local.Seed(keys[order[j]], ds[j], algorithms.Milli, true)
+				}
+			})
+		}
 	}
 }
