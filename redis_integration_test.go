@@ -28,7 +28,8 @@ func redisSite(addr, zones string) string {
 // testTimeout is the Redis decision timeout of the tests that assert exact
 // decisions. The default (100ms) is reached on a shared CI machine under
 // load, and a decision that times out is decided by on_storage_error
-// (local, by default: this instance's memory), not by the shared state.
+// (local, by default: this instance's copy of the shared state, which
+// does not know what other instances took since its last decision).
 const testTimeout = "10s"
 
 // redisSiteWithTimeout is redisSite with the given decision timeout.

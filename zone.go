@@ -73,8 +73,10 @@ type Zone struct {
 
 	// OnStorageError decides what happens when the store cannot answer in
 	// time: "local" (the default: enforce the zone from this instance's
-	// memory until the store answers again), "allow" (fail open) or "deny"
-	// (503 with Retry-After: 1).
+	// memory until the store answers again; that memory follows the
+	// decisions the store made on this instance, so a key goes on from
+	// where it stood), "allow" (fail open) or "deny" (503 with
+	// Retry-After: 1).
 	OnStorageError string `json:"on_storage_error,omitempty"`
 
 	// DryRun makes the zone record its decisions without rejecting.
