@@ -125,9 +125,7 @@ func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit, storeName
 			return nil, fmt.Errorf("on_storage_error local: %w", err)
 		}
 		p.mem, _ = p.local.(*memory.Store)
-		if lead := redisLead(h.backend); lead != nil && p.mem != nil {
-			p.mem.Follow(lead) // Redis's clock: its decisions seed the copy
-		}
+		followRedis(h.backend, p, p.mem)
 	}
 	return p, nil
 }

@@ -1,8 +1,11 @@
 package tollgate
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
@@ -63,5 +66,53 @@ func TestTimedOutDecisionGoesOnFromTheSharedState(t *testing.T) {
 				t.Errorf("with Redis frozen, a client Redis never saw: status %d, want 200", resp.StatusCode)
 			}
 		})
+	}
+}
+
+// TestLocalCopyGetsBackWhatRedisGivesBack: a delayed client that leaves
+// gives its place back on Redis, and on the local copy too. Zone: one
+// request per 2s, shaped up to 2.5s. A is admitted; B is delayed about 2s
+// and leaves; Redis freezes. C, decided locally, waits about 2s behind A:
+// admitted. Had the copy kept B's place, C would have to wait about 4s,
+// past max_delay: 429.
+func TestLocalCopyGetsBackWhatRedisGivesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(redisSiteWithTimeout(srv.Addr, "100ms", `
+			zone shaped {
+				key {http.request.header.X-Client}
+				algorithm leaky_bucket
+				events 1
+				window 2s
+				burst 1
+				max_delay 2500ms
+			}`), "caddyfile")
+	const client = "leaves"
+	if resp, _ := get(t, tester, "/", "X-Client: "+client); resp.StatusCode != 200 {
+		t.Fatalf("A: status %d, want 200", resp.StatusCode)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)
+		req.Header.Set("X-Client", client)
+		resp, err := tester.Client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // B waits behind A
+	cancel()
+	if err := <-done; err == nil || ctx.Err() == nil {
+		t.Fatalf("B: %v, want it cancelled while delayed", err)
+	}
+	time.Sleep(200 * time.Millisecond) // the server sees B go and gives its place back
+
+	srv.Pause()
+	defer srv.Resume()
+	if resp, _ := get(t, tester, "/", "X-Client: "+client); resp.StatusCode != 200 {
+		t.Fatalf("C, decided locally with Redis frozen: status %d, want 200 (delayed behind A only: B's place was given back)", resp.StatusCode)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
+	"github.com/caddy-tollgate/tollgate/storage/memory"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 )
 
@@ -410,6 +411,9 @@ type redisLimiter struct {
 	inner   storage.Limiter
 	timeout time.Duration
 	health  *redisHealth
+	// copy is the zone's local copy for on_storage_error local (see
+	// follow), or nil: a give-back Redis makes is made there too.
+	copy *memory.Store
 }
 
 func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (algorithms.Decision, error) {
@@ -431,6 +435,9 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 	err := l.inner.Undo(c, key, now, cost, taken)
 	cancel()
 	l.health.observe(ctx, err)
+	if err == nil && l.copy != nil {
+		l.copy.Undo(ctx, key, now, cost, taken)
+	}
 	return err
 }
 
@@ -524,13 +531,19 @@ func (p *pooledRedis) follow(now int64, results []result, charged bool) {
 	}
 }
 
-// redisLead is Redis's clock's lead for the local copies to follow, or nil
-// for a backend that is not Redis.
-func redisLead(b Backend) *atomic.Int64 {
-	if r, ok := b.(*RedisStorage); ok && r.client != nil {
-		return &r.client.lead
+// followRedis makes mem, zone part p's store for on_storage_error local,
+// the local copy of p's state on Redis (see follow): kept on Redis's clock,
+// and given back what Redis gives back. A part on another backend keeps
+// no copy.
+func followRedis(b Backend, p *zone, mem *memory.Store) {
+	r, ok := b.(*RedisStorage)
+	if !ok || r.client == nil || mem == nil {
+		return
 	}
-	return nil
+	mem.Follow(&r.client.lead)
+	if l, ok := p.limiter.(*redisLimiter); ok {
+		l.copy = mem
+	}
 }
 
 // UnmarshalCaddyfile sets up the module from Caddyfile tokens. Syntax:
