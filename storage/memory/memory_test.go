@@ -327,14 +327,7 @@ func BenchmarkTake(b *testing.B) {
 // benchTake runs one BenchmarkTake case; mode is serial, parallel or
 // random (serial, the keys in random order).
 func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, mode string) {
-	// A limit that admits most requests so the allowed path is measured.
-	l, err := algorithms.NewLimit(kind, 1_000_000, time.Second, 0, 0)
-	if kind == algorithms.SlidingLog {
-		l, err = algorithms.NewLimit(kind, 100, time.Second, 0, 0)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
+	l := benchLimit(b, kind)
 	s := New(storage.Zone{Name: "bench", Limit: l})
 	keys := make([]string, nkeys)
 	ctx := context.Background()
@@ -377,6 +370,20 @@ func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, mode string) {
 			s.Take(ctx, keys[i%nkeys], clock.Add(1), algorithms.Milli)
 		}
 	})
+}
+
+// benchLimit is a limit of kind that admits most requests, so that the
+// allowed path is measured: a million a second, or for a sliding_log
+// (which keeps an entry per event) 100.
+func benchLimit(b *testing.B, kind algorithms.Kind) algorithms.Limit {
+	l, err := algorithms.NewLimit(kind, 1_000_000, time.Second, 0, 0)
+	if kind == algorithms.SlidingLog {
+		l, err = algorithms.NewLimit(kind, 100, time.Second, 0, 0)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l
 }
 
 // BenchmarkBytesPerKey reports the memory store's heap bytes per key for

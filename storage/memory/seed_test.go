@@ -101,13 +101,7 @@ func BenchmarkSeed(b *testing.B) {
 	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog} {
 		for _, nkeys := range []int{10_000, 100_000} {
 			b.Run(fmt.Sprintf("alg=%s/keys=%d/random", kind, nkeys), func(b *testing.B) {
-				l, err := algorithms.NewLimit(kind, 1_000_000, time.Second, 0, 0)
-				if kind == algorithms.SlidingLog {
-					l, err = algorithms.NewLimit(kind, 100, time.Second, 0, 0)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
+				l := benchLimit(b, kind)
 				shared := New(storage.Zone{Name: "shared", Limit: l})
 				local := New(storage.Zone{Name: "local", Limit: l})
 				var lead atomic.Int64
