@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,32 +65,46 @@ func TestGiveBackAfterTheWindowRolled(t *testing.T) {
 			startOfWindow() // W0
 			resp, _ := get(t, tester, "/slow", client)
 			check(t, "first /slow", resp, "", want{status: 200})
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() {
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/slow", nil)
-				req.Header.Set("X-Client", client[len("X-Client: "):])
-				resp, err := tester.Client.Do(req)
-				if err == nil {
-					resp.Body.Close()
-					err = fmt.Errorf("status %d", resp.StatusCode)
-				}
-				done <- err
-			}()
+			leave := sendDelayed(t, tester, "/slow", client)
 			time.Sleep(300 * time.Millisecond) // it waits in shape, charged in fw's W0
 
 			startOfWindow() // W1
 			resp, _ = get(t, tester, "/fast", client)
 			check(t, "first in W1", resp, "", want{status: 200})
-			cancel() // the delayed client leaves; its charge was W0's
-			if err := <-done; err == nil || ctx.Err() == nil {
-				t.Fatalf("delayed request: %v, want it cancelled while delayed", err)
-			}
-			time.Sleep(200 * time.Millisecond) // the server sees it go and gives back
+			leave() // the delayed client leaves; its charge was W0's
 
 			if got, want := statuses(t, tester, 3, []string{"/fast"}, client), "200 200 429 "; got != want {
 				t.Fatalf("W1 after the give-back: %q, want %q (3 per window)", got, want)
 			}
 		})
+	}
+}
+
+// sendDelayed sends a request to path with header (such as "X-Client: c")
+// that a shaping zone delays, and returns leave: it cancels the request,
+// checks that it was still delayed, and waits for the server to see the
+// client go and give its place back.
+func sendDelayed(t *testing.T, tester *caddytest.Tester, path, header string) (leave func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		name, value, _ := strings.Cut(header, ":")
+		req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
+		resp, err := tester.Client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		done <- err
+	}()
+	return func() {
+		t.Helper()
+		cancel()
+		if err := <-done; err == nil || ctx.Err() == nil {
+			t.Fatalf("delayed request: %v, want it cancelled while delayed", err)
+		}
+		time.Sleep(200 * time.Millisecond) // the server sees it go and gives back
 	}
 }
