@@ -1,9 +1,11 @@
 package tollgate
 
 import (
+	"fmt"
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -184,5 +186,90 @@ func TestSeveralMatchBlocks(t *testing.T) {
 		if resp.StatusCode != s.status {
 			t.Errorf("request %d: GET %s with %s: status %d, want %d", i, s.path, s.header, resp.StatusCode, s.status)
 		}
+	}
+}
+
+// TestRedisPingedOncePerConfigLoad: the PING at start is one per Redis
+// client and config load, whatever the number of handlers that use it.
+// Each used to send its own, in turn: against a Redis that does not
+// answer (a network that drops packets, a host that is down), a config of
+// many sites took a PING timeout per site to load, one second each.
+func TestRedisPingedOncePerConfigLoad(t *testing.T) {
+	const msg = "redis storage unreachable at start: each zone's on_storage_error applies until it answers"
+	// A Redis that takes connections and never answers: each PING ends
+	// at its timeout.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+
+	const sites = 4
+	var cfg strings.Builder
+	for i := range sites {
+		fmt.Fprintf(&cfg, `
+	localhost:%d {
+		rate_limit {
+			zone site%d {
+				rate 1/h
+			}
+			storage redis {
+				addresses %s
+				timeout 50ms
+			}
+		}
+		respond "ok"
+	}`, 9080+i, i, ln.Addr())
+	}
+	opts, logFile := loggingTo(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(opts+cfg.String(), "caddyfile")
+	dialed := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
+	if n := dialed(); n != 1 {
+		t.Errorf("Redis was dialed %d times while %d handlers loaded, want once", n, sites)
+	}
+	// A later load checks again: Redis may answer by then.
+	tester.InitServer(opts+strings.ReplaceAll(cfg.String(), `"ok"`, `"reloaded"`), "caddyfile")
+	if n := dialed(); n != 2 {
+		t.Errorf("Redis was dialed %d times after a second config load, want twice", n)
+	}
+	// Each handler still warns, naming its own zones, at each load.
+	var zones []string
+	for _, l := range logLines(t, logFile, "http.handlers.rate_limit") {
+		if l["msg"] == msg {
+			for _, z := range l["zones"].([]any) {
+				zones = append(zones, strings.SplitN(z.(string), ":", 2)[0])
+			}
+		}
+	}
+	slices.Sort(zones)
+	if want := []string{"site0", "site0", "site1", "site1", "site2", "site2", "site3", "site3"}; !slices.Equal(zones, want) {
+		t.Errorf("warnings name zones %q, want %q", zones, want)
 	}
 }

@@ -6,7 +6,6 @@ package tollgate
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -283,7 +282,7 @@ func storageModuleError(name string) error {
 // warnIfRedisUnreachable logs at warning level, without failing the start,
 // when the Redis storage does not answer a PING: it names each zone and
 // what its on_storage_error will do until Redis answers.
-func (h *Handler) warnIfRedisUnreachable(ctx context.Context) {
+func (h *Handler) warnIfRedisUnreachable(ctx caddy.Context) {
 	err := h.redis.ping(ctx)
 	if err == nil {
 		return

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -132,6 +133,13 @@ type pooledRedis struct {
 	// The local copies of on_storage_error local keep Redis's clock with
 	// it (see follow).
 	lead atomic.Int64
+	// pinged is the PING at start that the handlers of one config load
+	// share (see RedisStorage.ping).
+	pinged struct {
+		sync.Mutex
+		load <-chan struct{} // the load's context's Done
+		err  error
+	}
 }
 
 // Destruct closes the client when no configuration uses it any more.
@@ -221,12 +229,23 @@ func onOff(field, v string) (bool, error) {
 const redisPingTimeout = time.Second
 
 // ping sends one PING, bounded by the larger of redisPingTimeout and
-// Timeout. It goes around the breaker: it is a check at start, not a
-// decision.
-func (r *RedisStorage) ping(ctx context.Context) error {
+// Timeout, once per client and config load: the handlers provisioned in
+// ctx (every module of a config load shares its context) after the first
+// get its answer, so that a Redis that does not answer delays the load by
+// one timeout, not one a handler. It goes around the breaker: it is a
+// check at start, not a decision.
+func (r *RedisStorage) ping(ctx caddy.Context) error {
+	p := &r.client.pinged
+	p.Lock()
+	defer p.Unlock()
+	load := ctx.Done()
+	if load != nil && load == p.load {
+		return p.err
+	}
 	c, cancel := context.WithTimeout(ctx, max(redisPingTimeout, r.timeout))
 	defer cancel()
-	return r.client.client.Ping(c).Err()
+	p.load, p.err = load, r.client.client.Ping(c).Err()
+	return p.err
 }
 
 // options builds the client options from the fields, placeholders replaced.
