@@ -2,12 +2,16 @@ package redis
 
 import (
 	"context"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
 )
 
 // A deny cache lets an instance answer a request that Redis just rejected,
@@ -157,9 +161,78 @@ func (s *Store) listen() {
 		go func() {
 			for msg := range sub.Channel() {
 				s.deny.forget(msg.Payload)
+				s.resets.call(s.prefix, msg.Payload)
 			}
 		}()
 	})
+}
+
+// resetHooks are the functions OnReset registered, by zone (keyTail).
+type resetHooks struct {
+	mu sync.Mutex
+	m  map[string][]*resetHook
+}
+
+type resetHook struct{ fn func(key string) }
+
+// OnReset has fn called with the resolved key of every reset of zone l's
+// state that an instance publishes (Reset on a store with a deny cache),
+// this one's too, as soon as this store hears of it (it listens from its
+// first decision on), until stop is called. fn must not block: the store
+// hears of the resets one after another. l is a limiter of s's Zone.
+// Without a deny cache, fn is never called.
+func (s *Store) OnReset(l storage.Limiter, fn func(key string)) (stop func()) {
+	z, ok := l.(*zone)
+	if !ok || z.store != s {
+		return func() {}
+	}
+	h := &resetHook{fn: fn}
+	r := &s.resets
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = make(map[string][]*resetHook)
+	}
+	r.m[z.tail] = append(r.m[z.tail], h)
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		hs := slices.DeleteFunc(r.m[z.tail], func(x *resetHook) bool { return x == h })
+		if len(hs) == 0 {
+			delete(r.m, z.tail)
+		} else {
+			r.m[z.tail] = hs
+		}
+	}
+}
+
+// call calls the hooks of the zone of rkey, a Redis key under prefix that
+// a reset named, with the resolved key.
+func (r *resetHooks) call(prefix, rkey string) {
+	key, tail, ok := splitKey(prefix, rkey)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, h := range r.m[tail] {
+		h.fn(key)
+	}
+}
+
+// splitKey is Store.key read backwards: the resolved key and the zone's
+// keyTail of rkey, a Redis key under prefix.
+func splitKey(prefix, rkey string) (key, tail string, ok bool) {
+	rest, ok := strings.CutPrefix(rkey, prefix+"{")
+	if !ok {
+		return "", "", false
+	}
+	digits, rest, ok := strings.Cut(rest, ":")
+	n, err := strconv.Atoi(digits)
+	if !ok || err != nil || n < 0 || n >= len(rest) || rest[n] != '}' {
+		return "", "", false
+	}
+	return rest[:n], rest[n+1:], true
 }
 
 // DenyCacheHits returns how many requests the deny cache answered.

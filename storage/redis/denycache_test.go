@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -183,6 +184,82 @@ func TestDecideReportsWhoDecided(t *testing.T) {
 		s.Close()
 		if err := c.FlushAll(context.Background()).Err(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestOnReset: a reset on one instance calls, on another, the hooks of
+// that zone with the resolved key, whatever bytes the key holds; not the
+// hooks of another zone, nor one that was stopped.
+func TestOnReset(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	a, b := cachedStore(c), cachedStore(c)
+	defer a.Close()
+	defer b.Close()
+	l := mustLimit(t, algorithms.TokenBucket, 1, time.Hour, 0, 0)
+	za, zb, other := zoneOf(a, "heard", l), zoneOf(b, "heard", l), zoneOf(b, "heard2", l)
+	heard := make(chan string, 16)
+	stop := a.OnReset(za, func(key string) { heard <- key })
+	a.OnReset(zoneOf(a, "heard2", l), func(key string) { heard <- "heard2: " + key })
+	if stop := b.OnReset(za, func(string) { t.Error("a hook for another store's zone was called") }); stop == nil {
+		t.Fatal("OnReset returned no stop")
+	}
+	for {
+		n, err := c.PubSubNumSub(context.Background(), a.prefix+ResetChannel).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n[a.prefix+ResetChannel] >= 2 {
+			break // a and b listen
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	next := func() string {
+		t.Helper()
+		select {
+		case key := <-heard:
+			return key
+		case <-time.After(10 * time.Second):
+			t.Fatal("no hook was called 10s after a reset")
+			return ""
+		}
+	}
+	for _, key := range []string{"k", "a}:{b", "", "12:x}y", strings.Repeat("z", 200)} {
+		if _, err := zb.Reset(context.Background(), key); err != nil {
+			t.Fatal(err)
+		}
+		if got := next(); got != key {
+			t.Fatalf("reset of %q on b: a's hook got %q", key, got)
+		}
+	}
+	stop()
+	// Resets are heard in order: had the stopped hook been called for
+	// the first, it would have been before the second zone's.
+	for _, z := range []storage.Limiter{zb, other} {
+		if _, err := z.Reset(context.Background(), "after"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := next(); got != "heard2: after" {
+		t.Fatalf("after stop: heard %q, want only the other zone's hook", got)
+	}
+}
+
+func TestSplitKey(t *testing.T) {
+	s := newTestStore(nil)
+	for _, key := range []string{"", "k", "203.0.113.7", "a}:{b", "}", "{1:}"} {
+		for _, zone := range []string{"z", "a:b", "per_ip"} {
+			rkey := s.Key(zone, algorithms.SlidingLog, key)
+			k, tail, ok := splitKey(s.prefix, rkey)
+			if !ok || k != key || tail != keyTail(zone, algorithms.SlidingLog) {
+				t.Errorf("splitKey(%q) = %q, %q, %v; want %q, %q", rkey, k, tail, ok, key, keyTail(zone, algorithms.SlidingLog))
+			}
+		}
+	}
+	for _, rkey := range []string{"", "other:{1:k}1:z:tb", s.prefix + "1:k}", s.prefix + "{x:k}1:z:tb", s.prefix + "{5:k}1:z:tb", s.prefix + "{1:kk1:z:tb", s.prefix + "{-1:k}"} {
+		if k, tail, ok := splitKey(s.prefix, rkey); ok {
+			t.Errorf("splitKey(%q) = %q, %q, true; want not a key", rkey, k, tail)
 		}
 	}
 }

@@ -80,6 +80,7 @@ type Store struct {
 	mu         sync.Mutex // guards stopListen and closed
 	stopListen func()
 	closed     bool
+	resets     resetHooks // what resets the store hears of call (OnReset)
 	// group is how TakeAll splits a request's keys into the groups that
 	// one script can decide together (see grouping).
 	group grouping
