@@ -1,13 +1,17 @@
 package tollgate
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	"github.com/caddy-tollgate/tollgate/storage"
+	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 )
 
 // TestTimedOutDecisionGoesOnFromTheSharedState: with on_storage_error
@@ -97,5 +101,87 @@ func TestLocalCopyGetsBackWhatRedisGivesBack(t *testing.T) {
 	defer srv.Resume()
 	if resp, _ := get(t, tester, "/", "X-Client: "+client); resp.StatusCode != 200 {
 		t.Fatalf("C, decided locally with Redis frozen: status %d, want 200 (delayed behind A only: B's place was given back)", resp.StatusCode)
+	}
+}
+
+// TestLocalCopyFollowsAResetElsewhere: a key that another instance resets
+// (its admin API's DELETE) is reset in this instance's local copy too, so
+// that a decision Redis does not answer in time admits the client again.
+// Before, the copy kept the client spent until this instance's next
+// decision on the key through Redis: with Redis frozen, 429 where the
+// shared state admits.
+func TestLocalCopyFollowsAResetElsewhere(t *testing.T) {
+	srv := redistest.Start(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(redisSiteWithTimeout(srv.Addr, "100ms", `
+			zone elsewhere {
+				key {http.request.header.X-Client}
+				events 3
+				window 1000h
+			}`), "caddyfile")
+	const client = "reset-elsewhere"
+	for i := 1; i <= 3; i++ {
+		if resp, _ := get(t, tester, "/", "X-Client: "+client); resp.StatusCode != 200 {
+			t.Fatalf("request %d of 3 through Redis: status %d, want 200", i, resp.StatusCode)
+		}
+	}
+	// This instance listens for resets from its first decision on.
+	c := srv.Client()
+	channel := redisstore.DefaultPrefix + redisstore.ResetChannel
+	waitFor(t, "the instance to listen for resets", func() bool {
+		n, err := c.PubSubNumSub(context.Background(), channel).Result()
+		return err == nil && n[channel] > 0
+	})
+
+	// Another instance resets the key as its admin API does: its store
+	// on the same Redis deletes it and tells every instance.
+	other := redisstore.New(c, redisstore.DefaultPrefix).WithDenyCache(c)
+	defer other.Close()
+	l, err := algorithms.NewLimit(algorithms.TokenBucket, 3, 1000*time.Hour, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := other.Zone(storage.Zone{Name: "elsewhere", Limit: l}).Reset(context.Background(), client); !ok || err != nil {
+		t.Fatalf("reset on the other instance: %v, %v", ok, err)
+	}
+	var (
+		copy *zone
+		now  func() int64 // the handler's clock
+	)
+	for _, lz := range liveZones() {
+		if lz.z.name == "elsewhere" {
+			copy, now = lz.z, lz.now
+		}
+	}
+	if copy == nil || copy.mem == nil {
+		t.Fatal("zone elsewhere has no local copy")
+	}
+	waitFor(t, "this instance's copy to forget the key reset on another instance", func() bool {
+		_, held, _ := copy.mem.Peek(context.Background(), client, now())
+		return !held
+	})
+
+	// A reset heard of after the key was charged again since (the other
+	// instance took one): the copy takes what Redis holds, not a fresh
+	// key.
+	zo := other.Zone(storage.Zone{Name: "elsewhere", Limit: l})
+	if d, err := zo.Take(context.Background(), client, 0, algorithms.Milli); err != nil || !d.Allowed {
+		t.Fatalf("a take on the other instance after the reset: %+v, %v", d, err)
+	}
+	copy.limiter.(*redisLimiter).resetCopy(client)
+	waitFor(t, "the copy to hold what Redis holds after a reset heard of late (2 of 3 left)", func() bool {
+		d, held, _ := copy.mem.Peek(context.Background(), client, now())
+		return held && d.Remaining == 2
+	})
+
+	srv.Pause()
+	defer srv.Resume()
+	for i := 1; i <= 2; i++ {
+		if resp, _ := get(t, tester, "/", "X-Client: "+client); resp.StatusCode != 200 {
+			t.Errorf("with Redis frozen, request %d of the 2 left after the reset: status %d, want 200", i, resp.StatusCode)
+		}
+	}
+	if resp, _ := get(t, tester, "/", "X-Client: "+client); resp.StatusCode != 429 {
+		t.Errorf("with Redis frozen, a 3rd request after the reset and another instance's: status %d, want 429", resp.StatusCode)
 	}
 }

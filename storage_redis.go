@@ -431,9 +431,55 @@ type redisLimiter struct {
 	timeout time.Duration
 	health  *redisHealth
 	// copy is the zone's local copy for on_storage_error local (see
-	// follow), or nil: a give-back Redis makes is made there too.
-	copy *memory.Store
+	// follow), or nil: a give-back Redis makes is made there too, and a
+	// reset any instance makes is followed (see resetCopy).
+	copy       *memory.Store
+	stopResets func()
+	resets     chan struct{} // bounds the resets followed at once
 }
+
+// Close stops following resets.
+func (l *redisLimiter) Close() {
+	if l.stopResets != nil {
+		l.stopResets()
+	}
+}
+
+// resetCopy brings the local copy of key up to its state on Redis after
+// an instance (this one or another) reset it there, and published the
+// reset once done: a Peek made after the reset was heard of reads what
+// Redis holds since, which the copy is seeded from (or forgets the key,
+// if Redis holds none). Without it, a client reset elsewhere stayed
+// refused by this instance's copy, whenever Redis did not answer in
+// time, until this instance's next decision on the key. If the Peek
+// fails, or too many resets are being followed at once, the copy stays as
+// it was, which errs towards refusing. It does not block.
+func (l *redisLimiter) resetCopy(key string) {
+	select {
+	case l.resets <- struct{}{}:
+	default:
+		return
+	}
+	go func() {
+		defer func() { <-l.resets }()
+		if !l.health.admit() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+		defer cancel()
+		d, held, err := l.inner.Peek(ctx, key, monotonicMicros())
+		switch {
+		case err != nil:
+		case held:
+			l.copy.Seed(key, d, 0, false)
+		default:
+			_, _ = l.copy.Reset(ctx, key)
+		}
+	}()
+}
+
+// followedResets is how many resets a zone's copy follows at once.
+const followedResets = 64
 
 func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (algorithms.Decision, error) {
 	if !l.health.admit() {
@@ -552,16 +598,24 @@ func (p *pooledRedis) follow(now int64, results []result, charged bool) {
 
 // followRedis makes mem, zone part p's store for on_storage_error local,
 // the local copy of p's state on Redis (see follow): kept on Redis's clock,
-// and given back what Redis gives back. A part on another backend keeps
-// no copy.
+// given back what Redis gives back, and reset when Redis is (see
+// resetCopy). A part on another backend keeps no copy.
 func followRedis(b Backend, p *zone, mem *memory.Store) {
 	r, ok := b.(*RedisStorage)
 	if !ok || r.client == nil || mem == nil {
 		return
 	}
 	mem.Follow(&r.client.lead)
-	if l, ok := p.limiter.(*redisLimiter); ok {
-		l.copy = mem
+	l, ok := p.limiter.(*redisLimiter)
+	if !ok {
+		return
+	}
+	l.copy = mem
+	// A concurrency part's local store holds the slots this instance
+	// took on its own, not a copy of Redis's: not seeded, not reset.
+	if p.spec.Limit.Kind != algorithms.Concurrency {
+		l.resets = make(chan struct{}, followedResets)
+		l.stopResets = r.client.store.OnReset(l.inner, l.resetCopy)
 	}
 }
 
