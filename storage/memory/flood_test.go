@@ -1,11 +1,13 @@
 package memory
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
 )
 
 // TestFloodKeepsActiveKey is an attacker's try at a small max_keys: a
@@ -60,4 +62,44 @@ func TestFloodKeepsKeyRejectedByTakeAll(t *testing.T) {
 		}
 	}
 	checkConsistent(t, strict)
+}
+
+// TestBanHoldsOnlyStruckKeys: a ban's store takes a key at its first
+// strike only, so a flood of keys the zone admits cannot evict a ban,
+// however small max_keys: only a flood of rejected keys can.
+func TestBanHoldsOnlyStruckKeys(t *testing.T) {
+	banL, err := algorithms.NewBan(1, time.Hour, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ban := New(storage.Zone{Name: "ban", Limit: banL, MaxKeys: 4})
+	rate := New(storage.Zone{Name: "rate", Limit: mustLimit(t, algorithms.TokenBucket, 1, time.Hour), MaxKeys: 1000})
+	ds := make([]algorithms.Decision, 2)
+	decide := func(key string) int {
+		return TakeAll(sec, []Request{{Store: ban, Key: key}, {Store: rate, Key: key, Cost: 1000, Strike: 1}}, ds)
+	}
+	decide("banned")
+	if got := decide("banned"); got != 0 || ban.Len() != 1 {
+		t.Fatalf("the second request of 1/h: rejected by %d, ban holds %d keys; want the ban it starts", got, ban.Len())
+	}
+	for i := range 500 {
+		if got := decide(fmt.Sprint("once-", i)); got != -1 {
+			t.Fatalf("one-time key %d rejected by %d", i, got)
+		}
+	}
+	if ban.Len() != 1 || ban.Evictions() != 0 {
+		t.Fatalf("after 500 admitted keys the ban's store holds %d keys, %d evicted; want only the ban", ban.Len(), ban.Evictions())
+	}
+	// A ban in force answers for the rate, which is not decided.
+	if got := decide("banned"); got != 0 || !storage.Skipped(ds[1]) {
+		t.Fatalf("the banned key after the flood: rejected by %d, %+v; want its ban in force", got, ds)
+	}
+	for i := range 4 {
+		k := fmt.Sprint("struck-", i)
+		decide(k)
+		decide(k)
+	}
+	if decide("banned"); storage.Skipped(ds[1]) {
+		t.Fatalf("after 4 other keys were struck in a ban store of 4 keys, the first ban still holds: %+v", ds)
+	}
 }
