@@ -85,7 +85,7 @@ type Handler struct {
 	headers    headerModes
 	status     int
 	backend    Backend
-	mem        *MemoryStorage // the default backend and on_storage_error local's
+	mem        *MemoryStorage // the default backend, or on_storage_error local's copies
 	memory     bool           // the backend is the memory store
 	redis      *RedisStorage  // the backend, if it is Redis
 	bans       bool           // a zone has a ban
@@ -131,6 +131,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	h.mem = new(MemoryStorage)
 	if h.StorageRaw != nil {
+		h.mem.copies = true // on_storage_error local's, if the backend is not memory
 		mod, err := ctx.LoadModule(h, "StorageRaw")
 		if err != nil {
 			return fmt.Errorf("loading storage module: %w", err)

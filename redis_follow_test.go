@@ -185,3 +185,63 @@ func TestLocalCopyFollowsAResetElsewhere(t *testing.T) {
 		t.Errorf("with Redis frozen, a 3rd request after the reset and another instance's: status %d, want 429", resp.StatusCode)
 	}
 }
+
+// TestReloadBetweenRedisAndMemoryStartsAfresh: a Redis zone's local copy
+// is its own, not the state of a memory zone of the same name and limit.
+// A reload from Redis to memory starts the memory zone afresh (before, it
+// took over the copy, Redis's clock lead included: a key spent in Redis
+// stayed spent, which made TestTiersThroughCaddy fail whenever its Redis
+// case ran first), and a reload back to Redis does not make a memory
+// zone's state the copy. A reload from Redis to Redis keeps the copy.
+func TestReloadBetweenRedisAndMemoryStartsAfresh(t *testing.T) {
+	srv := redistest.Start(t)
+	zone := `
+			zone reload_copy {
+				key {http.request.header.X-Client}
+				events 2
+				window 1000h
+			}`
+	memorySite := globalOptions + `
+	localhost:9080 {
+		rate_limit {` + zone + `
+		}
+		respond "ok"
+	}`
+	statuses := func(tester *caddytest.Tester, client string, n int) string {
+		got := ""
+		for range n {
+			resp, _ := get(t, tester, "/", "X-Client: "+client)
+			got += fmt.Sprint(resp.StatusCode, " ")
+		}
+		return got
+	}
+	tester := caddytest.NewTester(t)
+	tester.InitServer(redisSiteWithTimeout(srv.Addr, testTimeout, zone), "caddyfile")
+	if got := statuses(tester, "a", 3); got != "200 200 429 " {
+		t.Fatalf("through Redis: %s, want 200 200 429", got)
+	}
+	tester.InitServer(memorySite, "caddyfile")
+	if got := statuses(tester, "a", 3); got != "200 200 429 " {
+		t.Errorf("in memory after Redis: %s, want 200 200 429 (a fresh zone)", got)
+	}
+	if got := statuses(tester, "b", 2); got != "200 200 " {
+		t.Fatalf("in memory: %s, want 200 200", got)
+	}
+	// Back to Redis: c spends its 2 there. Then a reload that keeps the
+	// zone (a shorter timeout) and a frozen Redis: the fallback's copy is
+	// the Redis zone's, kept across that reload, which has c spent and
+	// has not seen b, spent in memory only.
+	tester.InitServer(redisSiteWithTimeout(srv.Addr, testTimeout, zone), "caddyfile")
+	if got := statuses(tester, "c", 2); got != "200 200 " {
+		t.Fatalf("back in Redis: %s, want 200 200", got)
+	}
+	tester.InitServer(redisSiteWithTimeout(srv.Addr, "100ms", zone), "caddyfile")
+	srv.Pause()
+	defer srv.Resume()
+	if got := statuses(tester, "b", 1); got != "200 " {
+		t.Errorf("Redis frozen, b (spent in memory only): %s, want 200", got)
+	}
+	if got := statuses(tester, "c", 1); got != "429 " {
+		t.Errorf("Redis frozen, c (spent in Redis before a reload): %s, want 429", got)
+	}
+}

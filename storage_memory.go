@@ -24,6 +24,7 @@ func init() {
 // and cleaned up, which Caddy does on one goroutine.
 type MemoryStorage struct {
 	opened []string // pool keys to release
+	copies bool     // holds on_storage_error local's copies, not memory zones
 }
 
 // CaddyModule returns the Caddy module information.
@@ -45,15 +46,22 @@ type pooledStore struct{ *memory.Store }
 func (pooledStore) Destruct() error { return nil }
 
 // memoryPoolKey identifies a zone's state: a zone whose algorithm or limit
-// changes starts afresh, since its old state means something else.
-func memoryPoolKey(z storage.Zone) string {
+// changes starts afresh, since its old state means something else. A
+// Redis zone's local copy is kept apart from a memory zone of the same
+// name and limit: it runs on Redis's clock and holds what Redis decided,
+// so a reload between Redis and memory starts the zone afresh either way.
+func memoryPoolKey(z storage.Zone, copies bool) string {
 	l := z.Limit
-	return fmt.Sprintf("%s/%s/%d/%d/%d/%d/%d/%d", z.Name, l.Kind, l.Events, l.Window, l.Burst, l.MaxDelay, l.Hold, z.MaxKeys)
+	key := fmt.Sprintf("%s/%s/%d/%d/%d/%d/%d/%d", z.Name, l.Kind, l.Events, l.Window, l.Burst, l.MaxDelay, l.Hold, z.MaxKeys)
+	if copies {
+		key = "copy:" + key
+	}
+	return key
 }
 
 // OpenLimiter returns the zone's memory store, the same one across reloads.
 func (m *MemoryStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
-	key := memoryPoolKey(z)
+	key := memoryPoolKey(z, m.copies)
 	v, _, err := memoryZones.LoadOrNew(key, func() (caddy.Destructor, error) {
 		return pooledStore{memory.New(z)}, nil
 	})
