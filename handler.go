@@ -381,11 +381,15 @@ func jitterFraction(zone, key string) float64 {
 	return float64(h>>11) / (1 << 53)
 }
 
-// maxDelay is the longest shaping delay among results.
+// maxDelay is the longest shaping delay among results. A dry-run zone's
+// delay is charged (its state is what enforcing would have built) but not
+// waited: a dry run never acts on a request.
 func maxDelay(results []result) int64 {
 	var d int64
 	for i := range results {
-		d = max(d, results[i].d.Delay)
+		if !results[i].z.dryRun {
+			d = max(d, results[i].d.Delay)
+		}
 	}
 	return d
 }

@@ -319,6 +319,41 @@ func TestDryRunZoneBesideAnEnforcingOne(t *testing.T) {
 	}
 }
 
+// TestDryRunShapingZoneDelaysNothing: a dry-run zone never acts on a
+// request, and a shaping zone's delay is an act. Before, a dry_run
+// leaky_bucket with max_delay held each request as long as it would have
+// queued (here a minute for the second): only rejections were dry-run.
+func TestDryRunShapingZoneDelaysNothing(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone dry_shaper {
+				key {http.request.header.X-Client}
+				algorithm leaky_bucket
+				rate 1/m
+				burst 1
+				max_delay 5m
+				dry_run
+			}
+		}
+		respond "ok"
+	}`, "caddyfile")
+	// The tester's transport (its dialer goes to Caddy), with a deadline
+	// far below the minute a delayed request would wait.
+	client := &http.Client{Transport: tester.Client.Transport, Timeout: 10 * time.Second}
+	for i := 1; i <= 3; i++ {
+		resp, err := sendUnread(t, client, mustRequest(t, base+"/", "X-Client: shaped"))
+		if err != nil {
+			t.Fatalf("request %d: %v (held: a dry-run zone delayed it)", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("request %d: status %d, want 200", i, resp.StatusCode)
+		}
+	}
+}
+
 // eventRecorder is a test-only events handler: it records every event it
 // is given.
 type eventRecorder struct{}
