@@ -105,6 +105,8 @@ func TestBadValuesFailAtAdapt(t *testing.T) {
 			"", "tier value 'gold' given twice"},
 		{"tier cost above capacity", "zone z {\n\trate 5/m\n\tcost 3\n\ttier {header.P} {\n\t\tfree 2/m # <-\n\t}\n}",
 			`"rate_limits": {"z": {"events": 5, "window": "1m", "cost": 3, "tier_key": "{http.request.header.P}", "tiers": {"free": {"events": 2, "window": "1m"}}}}`, `tiers "free": cost: 3 is above the tier's capacity of 2 events`},
+		{"tier default_cost above capacity", "zone z {\n\trate 5/m\n\tcost {header.W}\n\tdefault_cost 3\n\ttier {header.P} {\n\t\tfree 2/m # <-\n\t}\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1m", "cost": "{http.request.header.W}", "default_cost": 3, "tier_key": "{http.request.header.P}", "tiers": {"free": {"events": 2, "window": "1m"}}}}`, `tiers "free": default_cost: 3 is above the tier's capacity of 2 events`},
 		{"tier_key without tiers", "",
 			`"rate_limits": {"z": {"events": 5, "window": "1m", "tier_key": "{http.request.header.P}"}}`, `tier_key: needs tiers, the limit of each value; got tier_key "{http.request.header.P}" alone`},
 		{"tiers without tier_key", "",

@@ -71,11 +71,28 @@ func (zc *Zone) tierLimit(s *zoneSettings, value string, t *Tier) (*algorithms.L
 	if err != nil {
 		return nil, err
 	}
-	if capacity := l.Capacity(); s.costTemplate == "" && s.cost > capacity {
-		return nil, fmt.Errorf("cost: %s is above the tier's capacity of %d events (%s), so no request of the tier could ever be admitted",
-			strings.TrimSpace(string(zc.Cost)), capacity/algorithms.Milli, capacityField(l))
+	if err := zc.costFits(s, l, "tier"); err != nil {
+		return nil, err
 	}
 	return &l, nil
+}
+
+// costFits refuses a fixed cost, or a default_cost, above the capacity of
+// l, the limit of a zone or of one of its tiers (of names which): every
+// request, or every request whose cost template does not resolve, would be
+// rejected. A template's cost is the client's, and above the capacity it
+// is a 429 without Retry-After.
+func (zc *Zone) costFits(s *zoneSettings, l algorithms.Limit, of string) error {
+	capacity := l.Capacity()
+	if s.costTemplate == "" && s.cost > capacity {
+		return fmt.Errorf("cost: %s is above the %s's capacity of %d events (%s), so no request could ever be admitted",
+			strings.TrimSpace(string(zc.Cost)), of, capacity/algorithms.Milli, capacityField(l))
+	}
+	if zc.DefaultCost != nil && s.defaultCost > capacity {
+		return fmt.Errorf("default_cost: %v is above the %s's capacity of %d events (%s), so a request that uses it could never be admitted",
+			*zc.DefaultCost, of, capacity/algorithms.Milli, capacityField(l))
+	}
+	return nil
 }
 
 // sortedTiers returns the tier values in order, for errors and the admin

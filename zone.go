@@ -329,17 +329,11 @@ func (zc *Zone) settings() (zoneSettings, error) {
 		}
 		s.cost = m
 	}
-	// A fixed cost above the capacity could never be admitted: the zone
-	// would reject every request. A template's cost is the client's, and
-	// above the capacity it is a 429 without Retry-After.
-	if capacity := s.limit.Capacity(); !s.rate {
+	if s.rate {
 		// A concurrency slot counts requests, not costs.
-	} else if s.costTemplate == "" && s.cost > capacity {
-		return s, fmt.Errorf("cost: %s is above the zone's capacity of %d events (%s), so no request could ever be admitted",
-			strings.TrimSpace(string(zc.Cost)), capacity/algorithms.Milli, capacityField(s.limit))
-	} else if zc.DefaultCost != nil && s.defaultCost > capacity {
-		return s, fmt.Errorf("default_cost: %v is above the zone's capacity of %d events (%s), so a request that uses it could never be admitted",
-			*zc.DefaultCost, capacity/algorithms.Milli, capacityField(s.limit))
+		if err := zc.costFits(&s, s.limit, "zone"); err != nil {
+			return s, err
+		}
 	}
 
 	if s.tiers, err = zc.tierLimits(&s); err != nil {
