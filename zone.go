@@ -518,8 +518,10 @@ func headerKey(template string) string {
 
 // storedKey is the key a zone stores for a resolved key: grouped by the
 // zone's IP prefixes and bounded. The handler and the admin API share it.
+// A key with a colon may be an IPv4-mapped address, unmapped even when
+// both prefixes keep addresses whole.
 func (z *zone) storedKey(key string) string {
-	if z.v4bits < 32 || z.v6bits < 128 {
+	if z.v4bits < 32 || z.v6bits < 128 || strings.IndexByte(key, ':') >= 0 {
 		key = maskIP(key, z.v4bits, z.v6bits)
 	}
 	return storage.BoundKey(key)
