@@ -327,7 +327,10 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 }
 
 // resetKey forgets the key in every part of the zone (lifting its ban),
-// or with banOnly only lifts its ban.
+// or with banOnly only lifts its ban. Its requests in flight stay counted:
+// they are running, not history, and a reset that forgot them would let
+// the key run n more beside them (in memory, their ends would then count
+// against the new ones).
 func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string, banOnly bool) error {
 	found := false
 	stored := ""
@@ -343,6 +346,14 @@ func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string,
 		}
 		for _, p := range parts {
 			if banOnly && p.role != roleBan {
+				continue
+			}
+			if p.role == roleSlots {
+				_, ok, err := p.limiter.Peek(r.Context(), stored, lz.now())
+				if err != nil {
+					return storeUnavailable(lz.z.name, err)
+				}
+				found = found || ok
 				continue
 			}
 			ok, err := p.limiter.Reset(r.Context(), stored)

@@ -199,6 +199,64 @@ func TestConcurrencyThroughCaddy(t *testing.T) {
 	}
 }
 
+// TestResetKeepsRequestsInFlight: an admin reset of a key forgets its
+// history (rates, bans), not the requests it has running. Before, a reset
+// dropped the slots: a third request was admitted beside the two still
+// running, and in memory their ends then counted against the new ones.
+func TestResetKeepsRequestsInFlight(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := newUpstream(t)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(concurrencySite(up.URL, storage(t)), "caddyfile")
+			key := "reset-" + name
+			var dones []<-chan struct{}
+			for i := 0; i < 2; i++ {
+				status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", key)
+				if status != 200 {
+					t.Fatalf("request %d: status %d, want 200", i+1, status)
+				}
+				dones = append(dones, done)
+			}
+			var reset map[string]any
+			if code := adminDo(t, "DELETE", "/rate_limit/zones/dl/keys/"+key, &reset); code != 200 || reset["reset"] != true {
+				t.Fatalf("DELETE a key with requests in flight: %d %v, want 200 and reset true", code, reset)
+			}
+			if n := inFlight(t, "dl", key); n != 2 {
+				t.Errorf("in_flight after the reset: %d, want 2", n)
+			}
+			if resp, _ := get(t, tester, "/fast", "X-Client: "+key); resp.StatusCode != 429 {
+				t.Errorf("a third request after the reset: status %d, want 429 (two still run)", resp.StatusCode)
+			}
+			for range dones {
+				up.release <- struct{}{}
+			}
+			for _, done := range dones {
+				<-done
+			}
+			waitFor(t, "every slot back", func() bool { return inFlight(t, "dl", key) == 0 })
+			// No count went astray: two again, and no third.
+			dones = dones[:0]
+			for i := 0; i < 2; i++ {
+				status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", key)
+				if status != 200 {
+					t.Fatalf("after they ended, request %d: status %d, want 200", i+1, status)
+				}
+				dones = append(dones, done)
+			}
+			if resp, _ := get(t, tester, "/fast", "X-Client: "+key); resp.StatusCode != 429 {
+				t.Errorf("after they ended, a third request: status %d, want 429", resp.StatusCode)
+			}
+			for range dones {
+				up.release <- struct{}{}
+			}
+			for _, done := range dones {
+				<-done
+			}
+		})
+	}
+}
+
 // TestConcurrencySlotsNeverLeak: slots come back however a request ends:
 // a client that leaves mid-response, a handler that fails (an upstream
 // that is down), a client that leaves while its request is delayed by a
