@@ -98,6 +98,23 @@ func (l *Limit) banned(s *State, now int64) Decision {
 	return Decision{Allowed: true, Remaining: l.Events - s.Level, Reset: s.Prev - now, At: now}
 }
 
+// WaitAlso makes a ban's rejection d wait for o too: the decision its
+// zone's rate would make on the request at the same time, nothing charged.
+// A banned client told to come back when the ban ends, while the rate
+// would still refuse it then, would come back to a rejection, and its
+// strike. d.Wait becomes the time until both admit (Never if o never
+// does), and d.Reset stays the ban's end. An admission d, or o, leaves d
+// as it is.
+func (d *Decision) WaitAlso(o Decision) {
+	switch {
+	case d.Allowed || o.Allowed:
+	case o.Wait == Never || d.Wait == Never:
+		d.Wait = Never
+	default:
+		d.Wait = max(d.Wait, o.Wait)
+	}
+}
+
 // Strike records one rejection of the key at now and returns the ban
 // decision after it: once Events rejections fall within one strike window
 // (which starts at the first of them), the key is banned for Hold and its

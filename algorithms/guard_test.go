@@ -148,3 +148,27 @@ func TestGuardsDoNotAllocate(t *testing.T) {
 		t.Fatalf("%v allocations", n)
 	}
 }
+
+// TestWaitAlso: a ban's rejection waits for its rate's decision too, and
+// keeps its own Reset (the ban's end).
+func TestWaitAlso(t *testing.T) {
+	ban := Decision{Reset: 60, Wait: 60, At: 7}
+	for _, c := range []struct {
+		name  string
+		d, o  Decision
+		wait  int64
+		reset int64
+	}{
+		{"the rate waits longer", ban, Decision{Wait: 3600, Reset: 3600}, 3600, 60},
+		{"the rate admits sooner", ban, Decision{Wait: 30, Reset: 30}, 60, 60},
+		{"the rate admits now", ban, Decision{Allowed: true, Remaining: 3}, 60, 60},
+		{"the rate never admits", ban, Decision{Wait: Never}, Never, 60},
+		{"an admission is left alone", Decision{Allowed: true, Remaining: 2}, Decision{Wait: 3600}, 0, 0},
+	} {
+		d := c.d
+		d.WaitAlso(c.o)
+		if d.Wait != c.wait || d.Reset != c.reset || d.Allowed != c.d.Allowed || d.At != c.d.At || d.Remaining != c.d.Remaining {
+			t.Errorf("%s: %+v, want Wait %d and Reset %d, the rest of %+v", c.name, d, c.wait, c.reset, c.d)
+		}
+	}
+}

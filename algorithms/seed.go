@@ -34,7 +34,9 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 		l.seedLog(s, d, cost, charged)
 	case Ban:
 		if !d.Allowed {
-			s.At, s.Level, s.Prev = d.At+d.Wait, 0, 0 // banned until then
+			// Banned until then: Reset, since a ban's Wait also covers
+			// its zone's rate (Decision.WaitAlso).
+			s.At, s.Level, s.Prev = d.At+d.Reset, 0, 0
 			return
 		}
 		s.At, s.Level, s.Prev = 0, max(0, l.Events-d.Remaining), d.At+d.Reset

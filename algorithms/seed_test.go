@@ -193,6 +193,15 @@ func TestSeedBan(t *testing.T) {
 	if d := l.Peek(&local, end, 0); !d.Allowed {
 		t.Fatalf("the copy's ban outlasts the shared one: %+v", d)
 	}
+	// A ban's decision whose Wait covers its zone's rate (WaitAlso): the
+	// copy's ban ends with the shared one, at Reset, not at the Wait.
+	d := l.Peek(&shared, now, 0)
+	d.WaitAlso(Decision{Wait: d.Wait + 3600*second})
+	local = State{}
+	l.Seed(&local, d, 0, false)
+	if local.At != end {
+		t.Fatalf("seeded from a ban whose Wait covers its rate: the copy's ban ends at %s, want %s", at0(local.At), at0(end))
+	}
 	// A shared decision that admits clears a ban the copy made on its own.
 	local = State{At: now + 600_000_000}
 	l.Seed(&local, l.Peek(&State{}, now, 0), 0, false)
