@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"testing"
@@ -101,5 +102,51 @@ func TestBanHoldsOnlyStruckKeys(t *testing.T) {
 	}
 	if decide("banned"); storage.Skipped(ds[1]) {
 		t.Fatalf("after 4 other keys were struck in a ban store of 4 keys, the first ban still holds: %+v", ds)
+	}
+}
+
+// TestBannedWaitCoversTheRate: a request refused by a ban in force is
+// told to come back when its zone's rate would admit it too (the rate
+// looked at, nothing charged). Before, its Wait was the ban's time left
+// only: with a ban shorter than the rate's wait, a client that obeyed
+// came back to the rate's rejection, a strike, and a new ban.
+func TestBannedWaitCoversTheRate(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		ban, rate time.Duration // the ban's length; the rate: 1 per rate
+		cost      int64
+		wait      int64 // the banned request's Wait, 1s into the ban
+	}{
+		{"a ban shorter than the rate's wait", time.Minute, time.Hour, 1000, 3599 * sec},
+		{"a ban longer than the rate's wait", time.Hour, time.Minute, 1000, 3599 * sec},
+		{"a cost the rate never admits", time.Minute, time.Hour, 2000, algorithms.Never},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			banL, err := algorithms.NewBan(1, time.Hour, c.ban)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ban := New(storage.Zone{Name: "ban", Limit: banL, MaxKeys: 10})
+			rate := New(storage.Zone{Name: "rate", Limit: mustLimit(t, algorithms.TokenBucket, 1, c.rate), MaxKeys: 10})
+			ds := make([]algorithms.Decision, 2)
+			decide := func(now, cost int64) int {
+				return TakeAll(now, []Request{{Store: ban, Key: "k"}, {Store: rate, Key: "k", Cost: cost, Strike: 1}}, ds)
+			}
+			decide(sec, 1000)
+			if got := decide(sec, 1000); got != 0 || ds[0].Allowed {
+				t.Fatalf("the second request: rejected by %d, %+v; want the ban it starts", got, ds)
+			}
+			before, _, _ := rate.Peek(context.Background(), "k", 2*sec)
+			if got := decide(2*sec, c.cost); got != 0 || !storage.Skipped(ds[1]) {
+				t.Fatalf("1s into the ban: rejected by %d, %+v; want the ban's rejection alone", got, ds)
+			}
+			if ds[0].Wait != c.wait || ds[0].Reset != c.ban.Microseconds()-sec {
+				t.Errorf("1s into the ban: Wait %d, Reset %d; want Wait %d (until the ban and the rate admit) and Reset %d (the ban's end)",
+					ds[0].Wait, ds[0].Reset, c.wait, c.ban.Microseconds()-sec)
+			}
+			if after, _, _ := rate.Peek(context.Background(), "k", 2*sec); after != before {
+				t.Errorf("the rate's state moved: %+v, was %+v", after, before)
+			}
+		})
 	}
 }

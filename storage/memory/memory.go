@@ -591,17 +591,15 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 	for i := range reqs {
 		r := &reqs[i]
 		if b := banOf(reqs, i); b >= 0 && !ds[b].Allowed {
+			if r.Store.limit.Kind != algorithms.Concurrency {
+				// The ban's wait covers the rate's (looked at, not
+				// charged, not touched).
+				ds[b].WaitAlso(peekLocked(r, shards[i], hashes[i], now, false))
+			}
 			ds[i] = algorithms.Decision{Allowed: true} // banned: not decided
 			continue
 		}
-		var st algorithms.State
-		if e := shards[i].lookup(hashes[i], r.Key); e != nil {
-			r.Store.touch(e) // a rejection is a use too: see the package comment
-			st = e.state     // a copy: Peek may bring it up to date
-		} else {
-			st = algorithms.NewState(&r.Store.limit)
-		}
-		ds[i] = r.Store.limit.Peek(&st, r.Store.at(now), r.Cost)
+		ds[i] = peekLocked(r, shards[i], hashes[i], now, true)
 		if !ds[i].Allowed && !r.DryRun && rejected < 0 {
 			rejected = i
 		}
@@ -637,6 +635,22 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 		reqs[i].Store.drop(v)
 	}
 	return rejected
+}
+
+// peekLocked is what r's Store would decide on r at now, nothing charged,
+// and with touch a use of r's key (a rejection is a use too: see the
+// package comment). sh, r's shard (hash h), must be locked.
+func peekLocked(r *Request, sh *shard, h uint64, now int64, touch bool) algorithms.Decision {
+	var st algorithms.State
+	if e := sh.lookup(h, r.Key); e != nil {
+		if touch {
+			r.Store.touch(e)
+		}
+		st = e.state // a copy: Peek may bring it up to date
+	} else {
+		st = algorithms.NewState(&r.Store.limit)
+	}
+	return r.Store.limit.Peek(&st, r.Store.at(now), r.Cost)
 }
 
 // strike gives each ban in reqs that does not hold one strike if a request
