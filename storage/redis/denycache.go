@@ -85,6 +85,8 @@ func (c *denyCache) lookup(now int64, parts []part, ds []algorithms.Decision) bo
 			return false // a cheaper request than the one refused here
 		case !e.d.Allowed && e.d.Wait != algorithms.Never && now >= e.at+e.d.Wait:
 			return false // its wait is over
+		case !e.d.Allowed && p.z.limit.Kind == algorithms.Ban && now >= e.at+e.d.Reset:
+			return false // the ban is over (its Wait covers its rate's too)
 		}
 		gen = e.gen
 		elapsed := now - e.at

@@ -160,6 +160,45 @@ func TestDenyCacheMultiZone(t *testing.T) {
 	var _ storage.Limiter = fast
 }
 
+// TestDenyCacheBanEndsAtTheBan: a banned request is cached until its ban
+// ends, not for its whole Wait, which also covers its rate (a rate of
+// 1/h behind a ban of 300ms): when the ban ends, Redis decides again (and
+// counts the rate's rejection as a strike).
+func TestDenyCacheBanEndsAtTheBan(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := cachedStore(c)
+	defer s.Close()
+	banL, err := algorithms.NewBan(1, time.Hour, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ban := zoneOf(s, "dban", banL)
+	rate := zoneOf(s, "drate", mustLimit(t, algorithms.FixedWindow, 1, time.Hour, 0, 0))
+	reqs := []Request{{Zone: ban, Key: "k"}, {Zone: rate, Key: "k", Cost: 1000, Strike: 1}}
+	now := epoch - epoch%(3600*sec)
+	s.TakeAll(context.Background(), now, reqs)
+	if ds, r, _ := s.TakeAll(context.Background(), now+1, reqs); r != 0 || ds[0].Allowed {
+		t.Fatalf("second: rejected %d, %+v; want the ban it starts", r, ds)
+	}
+	ds, r, _ := s.TakeAll(context.Background(), now+2, reqs) // banned, cached
+	if r != 0 || ds[0].Reset != 300*ms-1 || ds[0].Wait != 3600*sec-2 {
+		t.Fatalf("banned: rejected %d, %+v; want Reset the ban's 299.999ms and Wait the rate's 3599.999998s", r, ds)
+	}
+	before := scriptCalls(t, c)
+	s.TakeAll(context.Background(), now+300*ms, reqs) // the ban's last µs
+	if n := scriptCalls(t, c) - before; n != 0 {
+		t.Fatalf("within the ban: %d scripts, want 0 (cached)", n)
+	}
+	ds, r, _ = s.TakeAll(context.Background(), now+300*ms+1, reqs)
+	if n := scriptCalls(t, c) - before; n != 1 {
+		t.Fatalf("after the ban: %d scripts, want 1 (Redis decides)", n)
+	}
+	if r != 0 || ds[0].Reset != 300*ms {
+		t.Fatalf("after the ban: rejected %d, %+v; want a new ban of 300ms (the rate's rejection struck)", r, ds)
+	}
+}
+
 // TestDecideReportsWhoDecided: Decide tells a decision Redis made from one
 // the deny cache answered with an earlier decision of Redis's.
 func TestDecideReportsWhoDecided(t *testing.T) {

@@ -55,7 +55,9 @@ func mustGuard(t testing.TB) (ban, slots algorithms.Limit) {
 // requests in flight; both stores must decide alike.
 func runGuardParity(t *testing.T, s *Store, label string, n int) {
 	ban, slots := mustGuard(t)
-	rate := mustLimit(t, algorithms.FixedWindow, 3, time.Second, 0, 0)
+	// The rate's window is longer than the ban, so that a banned key's
+	// rate often still refuses it when the ban ends: its Wait covers both.
+	rate := mustLimit(t, algorithms.FixedWindow, 3, 5*time.Second, 0, 0)
 	global := mustLimit(t, algorithms.TokenBucket, 5, time.Second, 0, 0)
 	zs := []guardZone{
 		newGuardZone(s, label+"ban", ban),
@@ -87,6 +89,9 @@ func runGuardParity(t *testing.T, s *Store, label string, n int) {
 		key := []string{"a", "b"}[rng.IntN(2)]
 		dry := rng.IntN(8) == 0
 		cost := int64(1+rng.IntN(2)) * algorithms.Milli
+		if rng.IntN(16) == 0 {
+			cost = 4 * algorithms.Milli // above the rate's capacity: never
+		}
 		type part struct {
 			z      guardZone
 			key    string

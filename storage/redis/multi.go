@@ -295,6 +295,8 @@ func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, par
 	for _, g := range taken {
 		for _, i := range g {
 			switch {
+			case storage.Skipped(ds[i]) && parts[i].op == opCheckNever:
+				parts[i].op = opSkipNever
 			case storage.Skipped(ds[i]):
 				parts[i].op = opSkip
 			case ds[i].Allowed && parts[i].x > 0:

@@ -11,7 +11,8 @@
 -- ARGV[3]:      TTL slack in ms
 -- ARGV[4...]:   11 arguments for each key: op ('c' check; 'n' check a
 --               cost above the capacity; 'u' undo x, then check; 'k' not
---               decided, as a banned key), x,
+--               decided, as a banned key; 'm' the same for a cost above
+--               the capacity), x,
 --               blocking ('1', or '0' for a dry-run zone, whose rejection
 --               does not stop the others), ta and tr (for an undo, see
 --               common.lua), the algorithm's code, its 4 constants, and
@@ -21,7 +22,8 @@
 -- It returns the zones' decisions one after another, 6 integers each: the
 -- checks' when nothing was taken, the takes' (for the zones that admitted)
 -- when the request was. A key whose ban holds is not decided: its decision
--- is an empty admission, and the ban's rejection stands for it. When
+-- is an empty admission, and the ban's rejection stands for it, its wait
+-- until the key's rate (checked, not charged) admits too. When
 -- deciding ('d' or 's'), each ban that does not hold then gets one strike if a
 -- key linked to it was rejected, and its decision is the one after the
 -- strike.
@@ -49,10 +51,27 @@ for i = 1, #KEYS do
 		op = 'c'
 	end
 	local ban = tonumber(ARGV[a + 10])
-	-- A key whose ban holds is not decided ('k' says so when checking
+	-- A key whose ban holds is not decided ('k' or 'm' says so when checking
 	-- again, after giving back: that check reports what the request's
 	-- first run saw, before any ban that run started).
-	if op == 'k' or (ban > 0 and ds[ban][1] == 0 and what ~= 'c') then
+	if op == 'k' or op == 'm' or (ban > 0 and ds[ban][1] == 0 and what ~= 'c') then
+		if ban > 0 and ds[ban][1] == 0 and ARGV[a + 5] ~= 'cc' then
+			-- The ban's wait covers the rate's (Decision.WaitAlso): the
+			-- rate checked, nothing charged.
+			if op == 'k' then
+				op = 'c'
+			elseif op == 'm' then
+				op = 'n'
+			end
+			local b, r = ds[ban], run(i, op)
+			if r[1] == 0 then
+				if r[4] == -1 or b[4] == -1 then
+					b[4] = -1
+				elseif r[4] > b[4] then
+					b[4] = r[4]
+				end
+			end
+		end
 		skipped[i] = true
 		ds[i] = {1, 0, 0, 0, 0, 0}
 	else

@@ -146,6 +146,7 @@ const (
 	opCheckNever = "n"
 	opRenew      = "l" // renew a concurrency lease
 	opSkip       = "k" // multi.lua: not decided (the key's ban held)
+	opSkipNever  = "m" // opSkip for a cost above the capacity ("n")
 )
 
 // What multi.lua does with its keys (its ARGV[1]).
