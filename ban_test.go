@@ -99,6 +99,53 @@ func TestBanThroughCaddy(t *testing.T) {
 	}
 }
 
+// TestBannedRetryAfterCoversTheRate: a ban (1m) shorter than its rate's
+// wait (1/h). A banned request's Retry-After is when the rate admits it
+// too, not the ban's end: before, it was the ban's 60s, and a client that
+// obeyed came back to the rate's rejection, a strike, and a new ban.
+func TestBannedRetryAfterCoversTheRate(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone short_ban {
+				key {http.request.header.X-Client}
+				rate 1/h
+				ban 1m
+			}
+			`+storage(t)+`
+		}
+		respond "ok"
+	}`, "caddyfile")
+			client := "X-Client: obeys-" + name
+			retryAfter := func(step string, status int) int {
+				t.Helper()
+				resp, _ := get(t, tester, "/", client)
+				if resp.StatusCode != status {
+					t.Fatalf("%s: status %d, want %d", step, resp.StatusCode, status)
+				}
+				ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+				return ra
+			}
+			retryAfter("first", 200)
+			if ra := retryAfter("second, starting the ban", 429); ra < 3599 || ra > 3600 {
+				t.Errorf("second: Retry-After %d, want the rate's 3600 (longer than the ban's 60)", ra)
+			}
+			if ra := retryAfter("banned", 429); ra < 3599 || ra > 3600 {
+				t.Errorf("banned: Retry-After %d, want the rate's 3600, not the ban's 60", ra)
+			}
+			if name == "memory" {
+				advance(2 * time.Minute) // the ban is over, the rate still refuses
+				if ra := retryAfter("after the ban", 429); ra != 3480 {
+					t.Errorf("after the ban: Retry-After %d, want 3480", ra)
+				}
+			}
+		})
+	}
+}
+
 // TestBanEventAndJSON: the JSON config (ban, ban_after), the
 // rate_limit_banned event once per ban, and rate_limit_exceeded on every
 // rejection, banned ones too.
