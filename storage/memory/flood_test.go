@@ -65,20 +65,31 @@ func TestFloodKeepsKeyRejectedByTakeAll(t *testing.T) {
 	checkConsistent(t, strict)
 }
 
+// banZone is a zone with a ban (after 1 strike, for banFor) and a token
+// bucket of 1 per rateOf, the ban's store holding at most banKeys keys.
+// take decides a request of key at now for cost on both, its decisions in
+// ds, and returns TakeAll's answer.
+func banZone(t *testing.T, banFor, rateOf time.Duration, banKeys int) (ban, rate *Store, ds []algorithms.Decision, take func(key string, now, cost int64) int) {
+	t.Helper()
+	banL, err := algorithms.NewBan(1, time.Hour, banFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ban = New(storage.Zone{Name: "ban", Limit: banL, MaxKeys: banKeys})
+	rate = New(storage.Zone{Name: "rate", Limit: mustLimit(t, algorithms.TokenBucket, 1, rateOf), MaxKeys: 1000})
+	ds = make([]algorithms.Decision, 2)
+	take = func(key string, now, cost int64) int {
+		return TakeAll(now, []Request{{Store: ban, Key: key}, {Store: rate, Key: key, Cost: cost, Strike: 1}}, ds)
+	}
+	return ban, rate, ds, take
+}
+
 // TestBanHoldsOnlyStruckKeys: a ban's store takes a key at its first
 // strike only, so a flood of keys the zone admits cannot evict a ban,
 // however small max_keys: only a flood of rejected keys can.
 func TestBanHoldsOnlyStruckKeys(t *testing.T) {
-	banL, err := algorithms.NewBan(1, time.Hour, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ban := New(storage.Zone{Name: "ban", Limit: banL, MaxKeys: 4})
-	rate := New(storage.Zone{Name: "rate", Limit: mustLimit(t, algorithms.TokenBucket, 1, time.Hour), MaxKeys: 1000})
-	ds := make([]algorithms.Decision, 2)
-	decide := func(key string) int {
-		return TakeAll(sec, []Request{{Store: ban, Key: key}, {Store: rate, Key: key, Cost: 1000, Strike: 1}}, ds)
-	}
+	ban, _, ds, take := banZone(t, time.Hour, time.Hour, 4)
+	decide := func(key string) int { return take(key, sec, 1000) }
 	decide("banned")
 	if got := decide("banned"); got != 0 || ban.Len() != 1 {
 		t.Fatalf("the second request of 1/h: rejected by %d, ban holds %d keys; want the ban it starts", got, ban.Len())
@@ -122,16 +133,8 @@ func TestBannedWaitCoversTheRate(t *testing.T) {
 		{"a cost the rate never admits", time.Minute, time.Hour, 2000, algorithms.Never},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			banL, err := algorithms.NewBan(1, time.Hour, c.ban)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ban := New(storage.Zone{Name: "ban", Limit: banL, MaxKeys: 10})
-			rate := New(storage.Zone{Name: "rate", Limit: mustLimit(t, algorithms.TokenBucket, 1, c.rate), MaxKeys: 10})
-			ds := make([]algorithms.Decision, 2)
-			decide := func(now, cost int64) int {
-				return TakeAll(now, []Request{{Store: ban, Key: "k"}, {Store: rate, Key: "k", Cost: cost, Strike: 1}}, ds)
-			}
+			_, rate, ds, take := banZone(t, c.ban, c.rate, 10)
+			decide := func(now, cost int64) int { return take("k", now, cost) }
 			decide(sec, 1000)
 			if got := decide(sec, 1000); got != 0 || ds[0].Allowed {
 				t.Fatalf("the second request: rejected by %d, %+v; want the ban it starts", got, ds)
