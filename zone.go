@@ -329,8 +329,7 @@ func (zc *Zone) settings() (zoneSettings, error) {
 		}
 		s.cost = m
 	}
-	if s.rate {
-		// A concurrency slot counts requests, not costs.
+	if s.rate { // a zone of concurrency alone counts requests, not costs
 		if err := zc.costFits(&s, s.limit, "zone"); err != nil {
 			return s, err
 		}
