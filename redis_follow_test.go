@@ -245,3 +245,53 @@ func TestReloadBetweenRedisAndMemoryStartsAfresh(t *testing.T) {
 		t.Errorf("Redis frozen, c (spent in Redis before a reload): %s, want 429", got)
 	}
 }
+
+// TestReloadLetsGoOfResetHooks: a reload closes the old configuration's
+// Redis limiters, whose reset hooks then stop. A reset heard of after
+// three reloads makes one read of Redis (the live zone's copy follows it),
+// not four: every handler the reloads replaced would read it again for a
+// copy nobody uses, and be kept in memory for it.
+func TestReloadLetsGoOfResetHooks(t *testing.T) {
+	srv := redistest.Start(t)
+	tester := caddytest.NewTester(t)
+	for i := range 4 {
+		// The zone and its storage the same each time (one client, one
+		// store), the rest not, so that each load replaces the handler.
+		// No pipeline: each read of Redis is one script call to count.
+		tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone hooks {
+				key {http.request.header.X-Client}
+				events 3
+				window 1000h
+			}
+			storage redis {
+				addresses `+srv.Addr+`
+				timeout `+testTimeout+`
+				pipeline off
+			}
+		}
+		respond "ok `+fmt.Sprint(i)+`"
+	}`, "caddyfile")
+	}
+	if resp, _ := get(t, tester, "/", "X-Client: hooked"); resp.StatusCode != 200 {
+		t.Fatalf("status %d, want 200", resp.StatusCode)
+	}
+	c := srv.Client()
+	channel := redisstore.DefaultPrefix + redisstore.ResetChannel
+	waitFor(t, "the instance to listen for resets", func() bool {
+		n, err := c.PubSubNumSub(context.Background(), channel).Result()
+		return err == nil && n[channel] > 0
+	})
+	scripts := func() int64 { return redistest.Calls(t, c, "evalsha", "eval", "fcall") }
+	before := scripts()
+	if code := adminDo(t, "DELETE", "/rate_limit/zones/hooks/keys/hooked", nil); code != 200 {
+		t.Fatalf("DELETE: %d", code)
+	}
+	waitFor(t, "the copy to read the reset key back", func() bool { return scripts() > before })
+	time.Sleep(300 * time.Millisecond) // room for any other hook's read
+	if n := scripts() - before; n != 1 {
+		t.Errorf("a reset made %d reads of Redis, want 1: the handlers the reloads replaced still follow resets", n)
+	}
+}
