@@ -1,0 +1,942 @@
+package tollgate
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
+)
+
+// The interaction test: one configuration holding zones of every kind (a
+// rate of each algorithm, concurrency, a ban, tiers, a request that two
+// zones decide), on memory and on Redis with two instances, driven by a
+// seeded random sequence of steps: requests of random keys and costs, held
+// requests that end or whose client leaves, admin resets and unbans,
+// reloads that change a setting, and (Redis) the server paused, stalled or
+// restarted. After every step it checks the limits' invariants:
+//
+//   - admitted cost per key never exceeds the definition (checked against
+//     the algorithm's own bound, from the key's last reset on); on Redis,
+//     the admissions Redis decided alone, and those a zone's local copy
+//     made during an outage at most a capacity per instance per outage;
+//   - a ban's key is admitted by nothing while it is banned;
+//   - requests of a key in flight never exceed `concurrency` on an
+//     instance, nor across instances while every one in flight was
+//     admitted by Redis;
+//   - once Redis answers again, decisions go back to it within a second
+//     (a deny zone answers, and Redis runs a script for each instance);
+//   - no 5xx but a deny zone's 503 while Redis does not answer;
+//   - no goroutine left behind once the sequence ends.
+//
+// A failure prints the seed and the shortest sequence found that still
+// fails, to replay with TOLLGATE_INTERACT_SEED (and TOLLGATE_INTERACT_STEPS
+// for the shrunk steps). TOLLGATE_INTERACT sets the time each store runs
+// for (default a few seconds; hours for a soak).
+
+// ixBudget is how long each store's sequence runs.
+func ixBudget(t *testing.T, short time.Duration) time.Duration {
+	if v := os.Getenv("TOLLGATE_INTERACT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("TOLLGATE_INTERACT=%q: %v", v, err)
+		}
+		return d
+	}
+	return short
+}
+
+func ixSeed(t *testing.T) int64 {
+	if v := os.Getenv("TOLLGATE_INTERACT_SEED"); v != "" {
+		s, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("TOLLGATE_INTERACT_SEED=%q: %v", v, err)
+		}
+		return s
+	}
+	return time.Now().UnixNano()
+}
+
+// ixZone is one zone of the test configuration, as the checker knows it.
+type ixZone struct {
+	name, algo string
+	paths      []string
+	events     int64 // per window (a tier's: see tiers)
+	window     time.Duration
+	costly     bool   // cost from X-Cost
+	onError    string // Redis: local (""), allow or deny
+	ban        time.Duration
+	slots      int // concurrency
+	tiers      map[string]int64
+}
+
+const ixWindow = time.Hour
+
+var ixZones = []ixZone{
+	{name: "ix_tb", algo: "token_bucket", paths: []string{"/tb", "/multi"}, events: 4, window: ixWindow, costly: true},
+	{name: "ix_gcra", algo: "gcra", paths: []string{"/gcra"}, events: 4, window: ixWindow, onError: "deny"},
+	{name: "ix_sw", algo: "sliding_window", paths: []string{"/sw", "/multi"}, events: 4, window: ixWindow, costly: true},
+	{name: "ix_sl", algo: "sliding_log", paths: []string{"/sl"}, events: 4, window: ixWindow},
+	{name: "ix_fw", algo: "fixed_window", paths: []string{"/fw"}, events: 4, window: ixWindow, costly: true},
+	{name: "ix_lb", algo: "leaky_bucket", paths: []string{"/lb"}, events: 4, window: ixWindow, onError: "allow"},
+	{name: "ix_ban", algo: "token_bucket", paths: []string{"/ban"}, events: 2, window: ixWindow, ban: 10 * time.Minute},
+	{name: "ix_tier", algo: "token_bucket", paths: []string{"/tier"}, events: 2, window: ixWindow, tiers: map[string]int64{"gold": 6}},
+	{name: "ix_conc", paths: []string{"/hold"}, slots: 2},
+}
+
+var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi"}
+
+// ixSettings is what a reload changes.
+type ixSettings struct {
+	jitter   string
+	maxKeys  int
+	poolSize int
+	timeout  string
+}
+
+func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
+	cfg := withGlobal("grace_period 5s\n\tmetrics")
+	cfg = strings.Replace(cfg, "\tgrace_period 1ns\n", "", 1)
+	for i := 1; i <= instances; i++ {
+		var zones strings.Builder
+		for _, z := range ixZones {
+			fmt.Fprintf(&zones, "\t\t\tzone %s {\n\t\t\t\tmatch {\n\t\t\t\t\tpath %s\n\t\t\t\t}\n\t\t\t\tkey {http.request.header.X-Client}\n", z.name, strings.Join(z.paths, " "))
+			if z.algo != "" {
+				fmt.Fprintf(&zones, "\t\t\t\talgorithm %s\n\t\t\t\tevents %d\n\t\t\t\twindow %s\n", z.algo, z.events, z.window)
+			}
+			if z.costly {
+				zones.WriteString("\t\t\t\tcost {http.request.header.X-Cost}\n")
+			}
+			if z.onError != "" && redisAddr != "" {
+				fmt.Fprintf(&zones, "\t\t\t\ton_storage_error %s\n", z.onError)
+			}
+			if z.ban > 0 {
+				fmt.Fprintf(&zones, "\t\t\t\tban %s\n", z.ban)
+			}
+			if z.slots > 0 {
+				fmt.Fprintf(&zones, "\t\t\t\tconcurrency %d\n", z.slots)
+			}
+			if z.tiers != nil {
+				zones.WriteString("\t\t\t\ttier {http.request.header.X-Plan} {\n")
+				for v, n := range z.tiers {
+					fmt.Fprintf(&zones, "\t\t\t\t\t%s %d/h\n", v, n)
+				}
+				zones.WriteString("\t\t\t\t}\n")
+			}
+			zones.WriteString("\t\t\t}\n")
+		}
+		storage := ""
+		if redisAddr != "" {
+			storage = fmt.Sprintf("\t\t\tstorage redis {\n\t\t\t\taddresses %s\n\t\t\t\ttimeout %s\n\t\t\t\tpool_size %d\n\t\t\t}\n", redisAddr, s.timeout, s.poolSize+i)
+		} else {
+			storage = fmt.Sprintf("\t\t\tmax_keys %d\n", s.maxKeys)
+		}
+		cfg += fmt.Sprintf(`
+	http://localhost:918%d {
+		rate_limit {
+%s%s			jitter %s
+		}
+		handle /hold {
+			reverse_proxy %s {
+				header_up X-Instance %d
+			}
+		}
+		respond "ok"
+	}`, i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i)
+	}
+	return cfg
+}
+
+// ixUpstream holds each request until the test releases it (or its
+// client leaves), checking on arrival the requests of its key in flight.
+type ixUpstream struct {
+	*httptest.Server
+	slots int
+	mu    sync.Mutex
+	held  map[string]*ixHeld // by X-Hold id
+	fault string             // the first violation seen
+}
+
+type ixHeld struct {
+	key, instance string
+	excused       bool // admitted while Redis did not answer, or before a Redis restart
+	release       chan struct{}
+}
+
+func newIxUpstream(t *testing.T, slots int) *ixUpstream {
+	u := &ixUpstream{slots: slots, held: map[string]*ixHeld{}}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := &ixHeld{key: r.Header.Get("X-Client"), instance: r.Header.Get("X-Instance"),
+			excused: r.Header.Get("X-Outage") != "", release: make(chan struct{})}
+		id := r.Header.Get("X-Hold")
+		u.mu.Lock()
+		u.held[id] = h
+		var here, all, excused int
+		for _, o := range u.held {
+			if o.key == h.key {
+				all++
+				if o.instance == h.instance {
+					here++
+				}
+				if o.excused {
+					excused++
+				}
+			}
+		}
+		if u.fault == "" {
+			switch {
+			case here > u.slots:
+				u.fault = fmt.Sprintf("key %s: %d requests in flight on instance %s, concurrency %d", h.key, here, h.instance, u.slots)
+			case all > u.slots && excused == 0:
+				u.fault = fmt.Sprintf("key %s: %d requests in flight across instances, all admitted by Redis, concurrency %d", h.key, all, u.slots)
+			}
+		}
+		u.mu.Unlock()
+		defer func() {
+			u.mu.Lock()
+			delete(u.held, id)
+			u.mu.Unlock()
+		}()
+		w.Write([]byte("start\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-h.release:
+		case <-r.Context().Done():
+		case <-time.After(time.Minute):
+		}
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// excuseAll marks every request in flight as admitted outside Redis's
+// count (Redis restarted and forgot their leases).
+func (u *ixUpstream) excuseAll() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, h := range u.held {
+		h.excused = true
+	}
+}
+
+func (u *ixUpstream) releaseHold(id string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if h, ok := u.held[id]; ok {
+		close(h.release)
+		delete(u.held, id)
+		return true
+	}
+	return false
+}
+
+func (u *ixUpstream) violation() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.fault
+}
+
+// ixStep is one step of a sequence, generated from the seed.
+type ixStep struct {
+	kind     string // req, burst, hold, release, leave, advance, reset, unban, reload, pause, restart
+	instance int
+	path     string
+	key      int
+	cost     int
+	plan     string
+	n        int
+	d        time.Duration
+	zone     string
+	settings ixSettings
+}
+
+func (s ixStep) String() string {
+	switch s.kind {
+	case "req", "burst":
+		return fmt.Sprintf("%s i%d %s k%d cost=%d plan=%q n=%d", s.kind, s.instance, s.path, s.key, s.cost, s.plan, s.n)
+	case "hold":
+		return fmt.Sprintf("hold i%d k%d", s.instance, s.key)
+	case "release", "leave":
+		return fmt.Sprintf("%s #%d", s.kind, s.n)
+	case "advance":
+		return fmt.Sprintf("advance %s", s.d)
+	case "reset", "unban":
+		return fmt.Sprintf("%s %s k%d", s.kind, s.zone, s.key)
+	case "reload":
+		return fmt.Sprintf("reload %+v", s.settings)
+	case "pause":
+		return fmt.Sprintf("pause %d requests, reset k%d in %s=%v, for %s", s.n, s.key, s.zone, s.cost > 0, s.d)
+	}
+	return s.kind
+}
+
+// ixGenerate makes n steps from seed.
+func ixGenerate(seed int64, n int, redis bool) []ixStep {
+	rng := rand.New(rand.NewSource(seed))
+	steps := make([]ixStep, 0, n)
+	for len(steps) < n {
+		p := rng.Intn(100)
+		s := ixStep{instance: 1, key: rng.Intn(4), cost: 1 + rng.Intn(2)}
+		if redis {
+			s.instance = 1 + rng.Intn(2)
+		}
+		if rng.Intn(3) == 0 {
+			s.plan = "gold"
+		}
+		s.path = ixPaths[rng.Intn(len(ixPaths))]
+		switch {
+		case p < 40:
+			s.kind = "req"
+		case p < 50:
+			s.kind, s.n = "burst", 4+rng.Intn(6)
+		case p < 60:
+			s.kind = "hold"
+		case p < 67:
+			s.kind, s.n = "release", rng.Intn(1000)
+		case p < 72:
+			s.kind, s.n = "leave", rng.Intn(1000)
+		case p < 80:
+			if redis {
+				s.kind = "req"
+			} else {
+				s.kind, s.d = "advance", time.Duration(rng.Intn(20))*time.Minute
+			}
+		case p < 85:
+			s.kind, s.zone = "reset", ixZones[rng.Intn(len(ixZones))].name
+		case p < 88:
+			s.kind, s.zone = "unban", "ix_ban"
+		case p < 92:
+			s.kind = "reload"
+			s.settings = ixSettings{
+				jitter:   []string{"0", "0.5"}[rng.Intn(2)],
+				maxKeys:  1000 + 1000*rng.Intn(2),
+				poolSize: 8 + 8*rng.Intn(2),
+				timeout:  []string{"500ms", "600ms"}[rng.Intn(2)],
+			}
+		case p < 98:
+			if !redis {
+				s.kind = "req"
+				break
+			}
+			s.kind, s.n = "pause", rng.Intn(8)
+			s.zone = ixZones[rng.Intn(len(ixZones))].name
+			s.cost = rng.Intn(2) // reset after the resume
+			s.d = time.Duration(rng.Intn(600)) * time.Millisecond
+		default:
+			if redis {
+				s.kind = "restart"
+			} else {
+				s.kind = "req"
+			}
+		}
+		steps = append(steps, s)
+	}
+	return steps
+}
+
+// ixAdmission is one admitted request of a zone and key.
+type ixAdmission struct {
+	at      int64 // µs: the fake clock (memory), the wall clock (Redis)
+	cost    int64
+	outage  bool // decided while Redis did not answer
+	inst    int
+	outageN int // which outage
+}
+
+// ixRun is one run of a sequence.
+type ixRun struct {
+	t         *testing.T
+	tester    *caddytest.Tester
+	up        *ixUpstream
+	srv       *redistest.Server // nil: memory
+	instances int
+	prefix    string // keys of this run
+	settings  ixSettings
+
+	admitted map[string][]ixAdmission // zone + "|" + key (+ "|" + plan)
+	banned   map[string]int64         // ban zone key -> banned until (µs)
+	holds    []ixHoldReq
+	outage   bool // Redis does not answer
+	outages  int
+	errs     []string
+}
+
+type ixHoldReq struct {
+	id     string
+	cancel context.CancelFunc
+	done   <-chan struct{}
+}
+
+func (r *ixRun) now() int64 {
+	if r.srv == nil {
+		return fakeNow.Load()
+	}
+	return time.Now().UnixMicro()
+}
+
+func (r *ixRun) key(k int) string { return fmt.Sprintf("%sk%d", r.prefix, k) }
+
+func (r *ixRun) failf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+func (r *ixRun) url(instance int, path string) string {
+	return fmt.Sprintf("http://localhost:918%d%s", instance, path)
+}
+
+// send sends one request and records what it was admitted by.
+func (r *ixRun) send(s ixStep, step int) {
+	req, _ := http.NewRequest(http.MethodGet, r.url(s.instance, s.path), nil)
+	key := r.key(s.key)
+	req.Header.Set("X-Client", key)
+	req.Header.Set("X-Cost", strconv.Itoa(s.cost))
+	if s.plan != "" {
+		req.Header.Set("X-Plan", s.plan)
+	}
+	resp, err := sendUnread(r.t, r.tester.Client, req)
+	if err != nil {
+		r.failf("step %d: %s: %v", step, s, err)
+		return
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	r.record(s, step, resp.StatusCode)
+}
+
+// record notes what a request of step s was answered with.
+func (r *ixRun) record(s ixStep, step int, code int) {
+	key := r.key(s.key)
+	switch code {
+	case 200:
+		at := r.now()
+		for _, z := range ixZones {
+			if !contains(z.paths, s.path) || z.slots > 0 {
+				continue
+			}
+			if r.outage && z.onError == "allow" {
+				continue // fails open: not counted
+			}
+			cost := int64(1)
+			if z.costly {
+				cost = int64(s.cost)
+			}
+			id := z.name + "|" + key
+			if z.tiers != nil {
+				id += "|" + s.plan
+			}
+			r.admitted[id] = append(r.admitted[id], ixAdmission{at: at, cost: cost, outage: r.outage, inst: s.instance, outageN: r.outages})
+			if z.ban > 0 && !r.outage {
+				if until, ok := r.banned[key]; ok && at < until {
+					r.failf("step %d: %s admitted while banned (until %d, now %d)", step, s, until, at)
+				}
+			}
+		}
+	case 429:
+		if s.path == "/ban" && !r.outage {
+			if _, ok := r.banned[key]; !ok || r.banned[key] <= r.now() {
+				r.banned[key] = r.now() + ixZones[6].ban.Microseconds()
+			}
+		}
+	case 503:
+		if !(r.outage && s.path == "/gcra") {
+			r.failf("step %d: %s: 503 (Redis answering: %v)", step, s, !r.outage)
+		}
+	default:
+		r.failf("step %d: %s: status %d", step, s, code)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// hold starts a request that the upstream holds, and returns once it is in
+// flight (or was refused).
+func (r *ixRun) hold(s ixStep, step int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	id := fmt.Sprintf("%s%d", r.prefix, step)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.url(s.instance, "/hold"), nil)
+	req.Header.Set("X-Client", r.key(s.key))
+	req.Header.Set("X-Hold", id)
+	if r.outage {
+		req.Header.Set("X-Outage", "1")
+	}
+	resp, err := r.tester.Client.Do(req)
+	if err != nil {
+		cancel()
+		r.failf("step %d: %s: %v", step, s, err)
+		return
+	}
+	if resp.StatusCode != 200 {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != 429 {
+			r.failf("step %d: %s: status %d", step, s, resp.StatusCode)
+		}
+		return
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		r.failf("step %d: %s: reading the first line: %v", step, s, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		close(done)
+	}()
+	r.holds = append(r.holds, ixHoldReq{id: id, cancel: cancel, done: done})
+}
+
+// end ends held request n (mod how many there are): released by the
+// upstream, or its client leaves.
+func (r *ixRun) end(n int, leave bool) {
+	if len(r.holds) == 0 {
+		return
+	}
+	i := n % len(r.holds)
+	h := r.holds[i]
+	r.holds = append(r.holds[:i], r.holds[i+1:]...)
+	if leave {
+		h.cancel()
+	} else {
+		r.up.releaseHold(h.id)
+	}
+	select {
+	case <-h.done:
+	case <-time.After(10 * time.Second):
+		r.failf("held request %s did not end", h.id)
+	}
+	h.cancel()
+}
+
+func (r *ixRun) admin(method, path string) int {
+	req, _ := http.NewRequest(method, adminBase+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.failf("%s %s: %v", method, path, err)
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// reset resets a key in a zone; the checker then starts its history anew.
+func (r *ixRun) reset(zone string, k int, step int) {
+	key := r.key(k)
+	code := r.admin(http.MethodDelete, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key))
+	if code != 200 && code != 404 && !(r.outage && code == 503) {
+		r.failf("step %d: reset %s %s: status %d", step, zone, key, code)
+	}
+	if code == 200 || code == 404 {
+		for id := range r.admitted {
+			if id == zone+"|"+key || strings.HasPrefix(id, zone+"|"+key+"|") {
+				delete(r.admitted, id)
+			}
+		}
+		if zone == "ix_ban" {
+			delete(r.banned, key)
+		}
+	}
+}
+
+func (r *ixRun) unban(k int, step int) {
+	key := r.key(k)
+	code := r.admin(http.MethodDelete, "/rate_limit/zones/ix_ban/bans/"+url.PathEscape(key))
+	if code != 200 && code != 404 && !(r.outage && code == 503) {
+		r.failf("step %d: unban %s: status %d", step, key, code)
+	}
+	if code == 200 || code == 404 {
+		delete(r.banned, key)
+	}
+}
+
+// backToRedis checks that, a second after Redis answers again, every
+// instance's decisions are Redis's: a deny zone answers and Redis runs a
+// script for each.
+func (r *ixRun) backToRedis(step int) {
+	time.Sleep(time.Second)
+	c := r.srv.Client()
+	defer c.Close()
+	for i := 1; i <= r.instances; i++ {
+		before := redistest.Calls(r.t, c, "evalsha", "eval", "fcall", "fcall_ro")
+		req, _ := http.NewRequest(http.MethodGet, r.url(i, "/gcra"), nil)
+		req.Header.Set("X-Client", fmt.Sprintf("%sprobe%d-%d", r.prefix, step, i))
+		resp, err := sendUnread(r.t, r.tester.Client, req)
+		if err != nil {
+			r.failf("step %d: probe of instance %d: %v", step, i, err)
+			continue
+		}
+		resp.Body.Close()
+		after := redistest.Calls(r.t, c, "evalsha", "eval", "fcall", "fcall_ro")
+		if resp.StatusCode != 200 || after == before {
+			r.failf("step %d: a second after Redis answered again, instance %d: status %d, scripts run %d (want 200 and a script)", step, i, resp.StatusCode, after-before)
+		}
+	}
+}
+
+// do runs one step.
+func (r *ixRun) do(s ixStep, step int) {
+	switch s.kind {
+	case "req":
+		r.send(s, step)
+	case "burst":
+		r.burst(s, step)
+	case "hold":
+		r.hold(s, step)
+	case "release":
+		r.end(s.n, false)
+	case "leave":
+		r.end(s.n, true)
+	case "advance":
+		advance(s.d)
+	case "reset":
+		r.reset(s.zone, s.key, step)
+	case "unban":
+		r.unban(s.key, step)
+	case "reload":
+		if r.srv == nil && s.settings.maxKeys != r.settings.maxKeys {
+			// A memory zone whose max_keys changes starts afresh (the
+			// documented rule); its requests in flight keep their slots.
+			r.admitted = map[string][]ixAdmission{}
+			r.banned = map[string]int64{}
+		}
+		r.settings = s.settings
+		r.load()
+	case "pause":
+		r.srv.Pause()
+		r.outage = true
+		r.outages++
+		for j := 0; j < s.n; j++ {
+			s2 := s
+			s2.kind, s2.path = "req", ixPaths[(s.key+j)%len(ixPaths)]
+			if r.instances > 1 {
+				s2.instance = 1 + j%r.instances
+			}
+			r.send(s2, step)
+		}
+		time.Sleep(s.d)
+		r.srv.Resume()
+		if s.cost > 0 {
+			r.reset(s.zone, s.key, step)
+		}
+		r.outage = false
+		r.backToRedis(step)
+	case "restart":
+		r.srv.Restart()
+		r.up.excuseAll()
+		r.admitted = map[string][]ixAdmission{}
+		r.banned = map[string]int64{}
+		r.backToRedis(step)
+	}
+}
+
+// burst sends s.n requests at once, spread over the instances.
+func (r *ixRun) burst(s ixStep, step int) {
+	codes := make([]int, s.n)
+	order := make([]int, s.n)
+	for j := range order {
+		order[j] = j
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for j := 0; j < s.n; j++ {
+		wg.Add(1)
+		go func(j int) {
+			defer wg.Done()
+			s := s
+			s.kind = "req"
+			if r.instances > 1 {
+				s.instance = 1 + j%r.instances
+			}
+			// send records under the run's state: one at a time there.
+			req, _ := http.NewRequest(http.MethodGet, r.url(s.instance, s.path), nil)
+			req.Header.Set("X-Client", r.key(s.key))
+			req.Header.Set("X-Cost", strconv.Itoa(s.cost))
+			if s.plan != "" {
+				req.Header.Set("X-Plan", s.plan)
+			}
+			resp, err := r.tester.Client.Do(req)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				r.failf("step %d: %s: %v", step, s, err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes[j] = resp.StatusCode
+		}(j)
+	}
+	wg.Wait()
+	// Their order is unknown: the admissions are recorded first, the most
+	// lenient order for a ban's check.
+	sort.SliceStable(order, func(a, b int) bool { return codes[order[a]] == 200 && codes[order[b]] != 200 })
+	for _, j := range order {
+		code := codes[j]
+		s := s
+		s.kind = "req"
+		if r.instances > 1 {
+			s.instance = 1 + j%r.instances
+		}
+		r.record(s, step, code)
+	}
+}
+
+// load (re)loads the configuration with the run's settings.
+func (r *ixRun) load() {
+	addr := ""
+	if r.srv != nil {
+		addr = r.srv.Addr
+	}
+	r.tester.InitServer(ixConfig(r.up.URL, addr, r.instances, r.settings), "caddyfile")
+}
+
+// check checks the invariants after a step.
+func (r *ixRun) check(step int) {
+	if v := r.up.violation(); v != "" {
+		r.failf("step %d: %s", step, v)
+	}
+	for id, adm := range r.admitted {
+		name, _, _ := strings.Cut(id, "|")
+		var z ixZone
+		for _, c := range ixZones {
+			if c.name == name {
+				z = c
+			}
+		}
+		events := z.events
+		if z.tiers != nil && strings.HasSuffix(id, "|gold") {
+			events = z.tiers["gold"]
+		}
+		var shared []ixAdmission
+		local := map[[2]int]int64{} // (outage, instance) -> cost
+		for _, a := range adm {
+			if a.outage {
+				local[[2]int{a.outageN, a.inst}] += a.cost
+			} else {
+				shared = append(shared, a)
+			}
+		}
+		if msg := ixExceeds(z.algo, events, z.window, shared); msg != "" {
+			r.failf("step %d: %s: %s", step, id, msg)
+		}
+		for k, c := range local {
+			if c > events {
+				r.failf("step %d: %s: instance %d admitted cost %d on its own during outage %d, capacity %d", step, id, k[1], c, k[0], events)
+			}
+		}
+	}
+}
+
+// ixExceeds checks admissions against the algorithm's definition (a fresh
+// key starts full) and says how they exceed it, or "".
+func ixExceeds(algo string, events int64, window time.Duration, adm []ixAdmission) string {
+	if len(adm) == 0 {
+		return ""
+	}
+	sort.SliceStable(adm, func(i, j int) bool { return adm[i].at < adm[j].at })
+	w := window.Microseconds()
+	n := float64(events)
+	const eps = 1e-6
+	switch algo {
+	case "token_bucket", "gcra", "leaky_bucket":
+		// Over any run of admissions, cost <= B + r * elapsed.
+		for i := range adm {
+			var sum float64
+			for j := i; j < len(adm); j++ {
+				sum += float64(adm[j].cost)
+				if allowed := n + n*float64(adm[j].at-adm[i].at)/float64(w); sum > allowed+eps {
+					return fmt.Sprintf("%s: cost %g admitted in %dµs, at most %g", algo, sum, adm[j].at-adm[i].at, allowed)
+				}
+			}
+		}
+	case "fixed_window":
+		per := map[int64]int64{}
+		for _, a := range adm {
+			per[a.at/w] += a.cost
+			if per[a.at/w] > events {
+				return fmt.Sprintf("fixed_window: cost %d in window %d, at most %d", per[a.at/w], a.at/w, events)
+			}
+		}
+	case "sliding_log":
+		for j := range adm {
+			var sum int64
+			for i := 0; i <= j; i++ {
+				if adm[i].at > adm[j].at-w {
+					sum += adm[i].cost
+				}
+			}
+			if sum > events {
+				return fmt.Sprintf("sliding_log: cost %d in the window before %d, at most %d", sum, adm[j].at, events)
+			}
+		}
+	case "sliding_window":
+		for j := range adm {
+			k := adm[j].at / w
+			var prev, cur float64
+			for i := 0; i <= j; i++ {
+				switch adm[i].at / w {
+				case k - 1:
+					prev += float64(adm[i].cost)
+				case k:
+					cur += float64(adm[i].cost)
+				}
+			}
+			elapsed := float64(adm[j].at-k*w) / float64(w)
+			if est := prev*(1-elapsed) + cur; est > n+0.01 {
+				return fmt.Sprintf("sliding_window: estimate %g at %d, at most %g", est, adm[j].at, n)
+			}
+		}
+	}
+	return ""
+}
+
+// run runs steps from a fresh configuration and returns the failures.
+func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []string) {
+	r.admitted = map[string][]ixAdmission{}
+	r.banned = map[string]int64{}
+	r.errs = nil
+	r.up.mu.Lock()
+	r.up.fault = ""
+	r.up.mu.Unlock()
+	r.settings = ixSettings{jitter: "0", maxKeys: 1000, poolSize: 8, timeout: "500ms"}
+	r.load()
+	stop := time.Now().Add(budget)
+	defer func() {
+		for len(r.holds) > 0 {
+			r.end(0, false)
+		}
+		if r.outage {
+			r.srv.Resume()
+			r.outage = false
+		}
+	}()
+	for i, s := range steps {
+		if budget > 0 && time.Now().After(stop) {
+			return -1, nil
+		}
+		r.do(s, i)
+		r.check(i)
+		if len(r.errs) > 0 {
+			return i, r.errs
+		}
+	}
+	return -1, nil
+}
+
+func TestInteraction(t *testing.T) {
+	seed := ixSeed(t)
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			r := &ixRun{t: t, tester: caddytest.NewTester(t), up: newIxUpstream(t, 2), instances: 1}
+			budget := ixBudget(t, 10*time.Second)
+			if store == "redis" {
+				r.srv = redistest.Start(t)
+				r.instances = 2
+				budget = ixBudget(t, 25*time.Second)
+			}
+			goroutines := runtime.NumGoroutine()
+			var steps []ixStep
+			if v := os.Getenv("TOLLGATE_INTERACT_STEPS"); v != "" {
+				all := ixGenerate(seed, 1_000_000, r.srv != nil)
+				for _, f := range strings.Split(v, ",") {
+					i, err := strconv.Atoi(f)
+					if err != nil || i < 0 || i >= len(all) {
+						t.Fatalf("TOLLGATE_INTERACT_STEPS: bad step %q", f)
+					}
+					steps = append(steps, all[i])
+				}
+			}
+			round := 0
+			for deadline := time.Now().Add(budget); time.Now().Before(deadline); round++ {
+				s := seed + int64(round)
+				steps := steps
+				if steps == nil {
+					steps = ixGenerate(s, 200, r.srv != nil)
+				}
+				r.prefix = fmt.Sprintf("s%d-", s)
+				failed, errs := r.run(steps, time.Until(deadline))
+				if failed < 0 {
+					if os.Getenv("TOLLGATE_INTERACT_STEPS") != "" {
+						break
+					}
+					continue
+				}
+				shrunk := r.shrink(s, steps[:failed+1])
+				t.Fatalf("seed %d (TOLLGATE_INTERACT_SEED=%d), step %d:\n\t%s\nshortest failing sequence found (TOLLGATE_INTERACT_STEPS=%s):\n\t%s",
+					s, s, failed, strings.Join(errs, "\n\t"), shrunk.indexes, strings.Join(shrunk.lines, "\n\t"))
+			}
+			t.Logf("seed %d: %d rounds in %s", seed, round, budget)
+			r.tester.Client.CloseIdleConnections()
+			leftover := 0
+			waitUntil := time.Now().Add(10 * time.Second)
+			for time.Now().Before(waitUntil) {
+				if leftover = runtime.NumGoroutine() - goroutines; leftover <= 20 {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if leftover > 20 {
+				buf := make([]byte, 1<<20)
+				t.Errorf("%d goroutines left behind:\n%s", leftover, buf[:runtime.Stack(buf, true)])
+			}
+		})
+	}
+}
+
+type ixShrunk struct {
+	indexes string
+	lines   []string
+}
+
+// shrink finds a shorter sequence that still fails: steps are dropped one
+// at a time, last first, for as long as the sequence still fails, within
+// a minute.
+func (r *ixRun) shrink(seed int64, steps []ixStep) ixShrunk {
+	keep := make([]int, len(steps))
+	for i := range keep {
+		keep[i] = i
+	}
+	stop := time.Now().Add(time.Minute)
+	for i := len(keep) - 2; i >= 0 && time.Now().Before(stop); i-- {
+		try := append(append([]int(nil), keep[:i]...), keep[i+1:]...)
+		var seq []ixStep
+		for _, k := range try {
+			seq = append(seq, steps[k])
+		}
+		r.prefix = fmt.Sprintf("s%d-shrink%d-", seed, i)
+		if failed, _ := r.run(seq, 0); failed >= 0 {
+			keep = try
+		}
+	}
+	var out ixShrunk
+	var idx []string
+	for _, k := range keep {
+		idx = append(idx, strconv.Itoa(k))
+		out.lines = append(out.lines, fmt.Sprintf("%d: %s", k, steps[k]))
+	}
+	out.indexes = strings.Join(idx, ",")
+	return out
+}
