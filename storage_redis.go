@@ -448,12 +448,13 @@ func (l *redisLimiter) Close() {
 // resetCopy brings the local copy of key up to its state on Redis after
 // an instance (this one or another) reset it there, and published the
 // reset once done: a Peek made after the reset was heard of reads what
-// Redis holds since, which the copy is seeded from (or forgets the key,
-// if Redis holds none). Without it, a client reset elsewhere stayed
-// refused by this instance's copy, whenever Redis did not answer in
-// time, until this instance's next decision on the key. If the Peek
-// fails, or too many resets are being followed at once, the copy stays as
-// it was, which errs towards refusing. It does not block.
+// Redis holds since, which the copy is reseeded from (or forgets the key,
+// if Redis holds none): a decision's reply is merged into the copy,
+// which never moves back, but a reset must take it back. Without it, a
+// client reset elsewhere stayed refused by this instance's copy, whenever
+// Redis did not answer in time. If the Peek fails, or too many resets
+// are being followed at once, the copy stays as it was, which errs
+// towards refusing. It does not block.
 func (l *redisLimiter) resetCopy(key string) {
 	select {
 	case l.resets <- struct{}{}:
@@ -471,7 +472,7 @@ func (l *redisLimiter) resetCopy(key string) {
 		switch {
 		case err != nil:
 		case held:
-			l.copy.Seed(key, d, 0, false)
+			l.copy.Reseed(key, d) // a reset takes the copy back: not a merge
 		default:
 			_, _ = l.copy.Reset(ctx, key)
 		}
