@@ -30,23 +30,25 @@ func init() {
 // zone. Rejected requests get a 429 (or Status) returned as a Caddy HTTP
 // error, so that handle_errors can shape the body.
 type Handler struct {
-	// RateLimits are the zones, by name.
+	// RateLimits are the zones, by name. Default: none, at least one zone
+	// is required.
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
 	// ZoneOrder is the order zones are evaluated in and listed in the
 	// RateLimit headers. The Caddyfile sets it to the order the zones are
-	// written in. Zones it does not name follow in name order.
+	// written in. Zones it does not name follow in name order. Default:
+	// name order.
 	ZoneOrder []string `json:"zone_order,omitempty"`
 
 	// StorageRaw is where limiter state lives: {"module": "memory"} (the
 	// default, in this process) or {"module": "redis", ...} (shared by every
-	// Caddy instance that points at the same Redis).
+	// Caddy instance that points at the same Redis). Default: memory.
 	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=http.handlers.rate_limit.storage inline_key=module"`
 
 	// Headers are the rate-limit header modes: "ietf" (the default,
 	// RateLimit and RateLimit-Policy), "ietf-draft-03" (RateLimit-Limit,
 	// -Remaining, -Reset), "x-ratelimit" (X-RateLimit-*), or "none".
-	// Retry-After is sent on a 429 whatever the mode.
+	// Retry-After is sent on a 429 whatever the mode. Default: ietf.
 	Headers []string `json:"headers,omitempty"`
 
 	// Status is the HTTP status of a rejected request. Default: 429.
@@ -67,7 +69,8 @@ type Handler struct {
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
 	// LogKey adds the resolved key to the rejection log line. Off by
-	// default, since a key may be an API key or a user name.
+	// default, since a key may be an API key or a user name. Default:
+	// false.
 	LogKey bool `json:"log_key,omitempty"`
 
 	// DisableMetrics keeps this handler's zones out of Caddy's Prometheus
@@ -78,7 +81,7 @@ type Handler struct {
 	// Distributed is mholt/caddy-ratelimit's sync of its state through
 	// Caddy storage. Tollgate refuses it with an error that says to use
 	// the redis storage instead, whose decisions are exact across
-	// instances.
+	// instances. Default: none, refused.
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 
 	zones      []*zone

@@ -36,7 +36,7 @@ func init() {
 type RedisStorage struct {
 	// URL is a redis:// or rediss:// URL, e.g. redis://user:pass@host:6379/0.
 	// Use it or Addresses, not both. Placeholders such as {env.REDIS_URL}
-	// are replaced.
+	// are replaced. Default: none.
 	URL string `json:"url,omitempty"`
 
 	// Addresses are host:port pairs: one for a standalone Redis, several
@@ -45,19 +45,21 @@ type RedisStorage struct {
 	Addresses []string `json:"addresses,omitempty"`
 
 	// SentinelMaster is the name of the master to ask the sentinels for.
+	// Default: none (no Sentinel).
 	SentinelMaster string `json:"sentinel_master,omitempty"`
 
-	// Username for Redis ACLs. Placeholders are replaced.
+	// Username for Redis ACLs. Placeholders are replaced. Default: none.
 	Username string `json:"username,omitempty"`
 
 	// Password, e.g. {env.REDIS_PASSWORD}. Placeholders are replaced; the
-	// password is never logged.
+	// password is never logged. Default: none.
 	Password string `json:"password,omitempty"`
 
 	// DB is the database number (standalone and Sentinel). Default: 0.
 	DB int `json:"db,omitempty"`
 
-	// TLS, if set, connects with TLS.
+	// TLS, if set, connects with TLS. Default: none (no TLS, unless the
+	// URL is rediss://).
 	TLS *RedisTLS `json:"tls,omitempty"`
 
 	// KeyPrefix starts every key Tollgate writes. Default: "tollgate:".
@@ -74,13 +76,13 @@ type RedisStorage struct {
 	// Cluster makes a single address a Redis Cluster's configuration
 	// endpoint (as AWS ElastiCache and Google Memorystore give one), instead
 	// of a standalone Redis. Several addresses are a Cluster without it. The
-	// URL form is redis+cluster:// or rediss+cluster://.
+	// URL form is redis+cluster:// or rediss+cluster://. Default: false.
 	Cluster bool `json:"cluster,omitempty"`
 
 	// Pipeline is "on" (the default) or "off". On, decisions made while
 	// others are in flight share network round trips: they go to Redis
 	// together as one pipeline, each still one atomic script, so decisions
-	// stay exact. Off, each decision is its own round trip.
+	// stay exact. Off, each decision is its own round trip. Default: on.
 	Pipeline string `json:"pipeline,omitempty"`
 
 	// Functions is "on" (the default) or "off". On, where the server has
@@ -91,7 +93,7 @@ type RedisStorage struct {
 	// (standalone or Sentinel), a pipeline's one-zone decisions go as one
 	// FCALL of the library's batch function, each decided as alone. A
 	// server that refuses the library gets EVALSHA, with one warning in
-	// the log. Off, always EVALSHA.
+	// the log. Off, always EVALSHA. Default: on.
 	Functions string `json:"functions,omitempty"`
 
 	client    *pooledRedis
@@ -104,6 +106,7 @@ type RedisStorage struct {
 // RedisTLS configures TLS to Redis.
 type RedisTLS struct {
 	// InsecureSkipVerify skips verifying the server's certificate.
+	// Default: false.
 	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
 }
 
@@ -448,12 +451,13 @@ func (l *redisLimiter) Close() {
 // resetCopy brings the local copy of key up to its state on Redis after
 // an instance (this one or another) reset it there, and published the
 // reset once done: a Peek made after the reset was heard of reads what
-// Redis holds since, which the copy is seeded from (or forgets the key,
-// if Redis holds none). Without it, a client reset elsewhere stayed
-// refused by this instance's copy, whenever Redis did not answer in
-// time, until this instance's next decision on the key. If the Peek
-// fails, or too many resets are being followed at once, the copy stays as
-// it was, which errs towards refusing. It does not block.
+// Redis holds since, which the copy is reseeded from (or forgets the key,
+// if Redis holds none): a decision's reply is merged into the copy,
+// which never moves back, but a reset must take it back. Without it, a
+// client reset elsewhere stayed refused by this instance's copy, whenever
+// Redis did not answer in time. If the Peek fails, or too many resets
+// are being followed at once, the copy stays as it was, which errs
+// towards refusing. It does not block.
 func (l *redisLimiter) resetCopy(key string) {
 	select {
 	case l.resets <- struct{}{}:
@@ -471,7 +475,7 @@ func (l *redisLimiter) resetCopy(key string) {
 		switch {
 		case err != nil:
 		case held:
-			l.copy.Seed(key, d, 0, false)
+			l.copy.Reseed(key, d) // a reset takes the copy back: not a merge
 		default:
 			_, _ = l.copy.Reset(ctx, key)
 		}

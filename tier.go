@@ -16,10 +16,21 @@ import (
 // Burst, in place of the zone's own, or Unlimited (the zone does not apply
 // to the request).
 type Tier struct {
-	Events    int64          `json:"events,omitempty"`
-	Window    caddy.Duration `json:"window,omitempty"`
-	Burst     int64          `json:"burst,omitempty"`
-	Unlimited bool           `json:"unlimited,omitempty"`
+	// Events is how many events the tier admits per Window, > 0.
+	// Default: none, required unless unlimited.
+	Events int64 `json:"events,omitempty"`
+
+	// Window is the duration Events are counted over, > 0. Default:
+	// none, required unless unlimited.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// Burst is the tier's bucket capacity, in events. Default: the
+	// tier's events.
+	Burst int64 `json:"burst,omitempty"`
+
+	// Unlimited takes the request out of the zone: no state, no headers,
+	// no ban or concurrency from it. Default: false.
+	Unlimited bool `json:"unlimited,omitempty"`
 }
 
 // tierSettings are a zone's tiers, checked: the limit of each listed

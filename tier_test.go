@@ -14,7 +14,7 @@ import (
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
-// tierSite is the README's API plans: Caddy's map turns the API key into
+// tierSite is docs/recipes.md's API plans: Caddy's map turns the API key into
 // a plan, and the plan picks the zone's limit.
 func tierSite(storage string) string {
 	return globalOptions + `

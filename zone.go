@@ -22,7 +22,8 @@ import (
 // applied to the requests that match.
 type Zone struct {
 	// MatcherSetsRaw limits the zone to the requests that match; without
-	// it the zone applies to every request the handler sees.
+	// it the zone applies to every request the handler sees. Default:
+	// every request.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
 	// Key is a template of Caddy placeholders naming who is limited; one
@@ -32,17 +33,20 @@ type Zone struct {
 	Key string `json:"key,omitempty"`
 
 	// Algorithm is one of token_bucket (the default), gcra, sliding_window,
-	// sliding_log, fixed_window, leaky_bucket.
+	// sliding_log, fixed_window, leaky_bucket. Default: token_bucket.
 	Algorithm string `json:"algorithm,omitempty"`
 
-	// Events is how many events the zone admits per Window. Required, > 0.
+	// Events is how many events the zone admits per Window, > 0.
+	// Default: none, required with window (or rate).
 	Events int64 `json:"events,omitempty"`
 
 	// MaxEvents is mholt/caddy-ratelimit's name for Events, accepted so
 	// that its JSON configs load unchanged. Give one or the other.
+	// Default: none, give events or max_events.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// Window is the duration Events are counted over. Required, > 0.
+	// Window is the duration Events are counted over, > 0. Default:
+	// none, required with events (or rate).
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Burst is the bucket capacity of token_bucket, gcra and leaky_bucket,
@@ -76,16 +80,18 @@ type Zone struct {
 	// memory until the store answers again; that memory follows the
 	// decisions the store made on this instance, so a key goes on from
 	// where it stood), "allow" (fail open) or "deny" (503 with
-	// Retry-After: 1).
+	// Retry-After: 1). Default: local.
 	OnStorageError string `json:"on_storage_error,omitempty"`
 
 	// DryRun makes the zone record its decisions without rejecting.
+	// Default: false.
 	DryRun bool `json:"dry_run,omitempty"`
 
 	// Concurrency limits the requests of one key in flight in the zone at
 	// once, from admission until the rest of the handler chain returns.
 	// Alone (a zone without events and window), or beside the rate, when
-	// both must admit a request.
+	// both must admit a request. Default: 0 (no limit on requests in
+	// flight).
 	Concurrency int64 `json:"concurrency,omitempty"`
 
 	// ConcurrencyLease is how long a concurrency slot held in Redis lasts
@@ -96,6 +102,7 @@ type Zone struct {
 
 	// Ban refuses every request of a key to the zone for this long once
 	// the zone has rejected it BanAfter times within one window.
+	// Default: 0 (no ban).
 	Ban caddy.Duration `json:"ban,omitempty"`
 
 	// BanAfter is how many rejections within one window start a ban.
@@ -104,11 +111,11 @@ type Zone struct {
 
 	// TierKey is a template (a header, a user's claim, a value set by
 	// Caddy's map directive) whose value chooses the request's limit from
-	// Tiers; a value not listed gets the zone's own.
+	// Tiers; a value not listed gets the zone's own. Default: none.
 	TierKey string `json:"tier_key,omitempty"`
 
 	// Tiers maps a TierKey value to its limit. A key's state is kept per
-	// tier.
+	// tier. Default: none.
 	Tiers map[string]*Tier `json:"tiers,omitempty"`
 }
 

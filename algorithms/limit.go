@@ -242,6 +242,11 @@ func CostMilli(cost float64) (int64, bool) {
 //	sliding_window:             At = window start, Level = count, Prev = previous window's count
 //	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many
 //
+// A sliding_window also keeps in Head what was charged in the previous
+// window: the same as Prev, but in a local copy seeded from another
+// store's decisions (see Seed), whose Prev may be a bound those decisions
+// tell, more than the copy saw charged.
+//
 // A sliding_log's ring grows with its entries, from none.
 type State struct {
 	At    int64

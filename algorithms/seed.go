@@ -2,48 +2,89 @@ package algorithms
 
 import "math/bits"
 
-// Seed sets s to a copy of the state that made d: a decision another store
-// (Redis) made on its own state of the key, for a request of cost that it
-// charged there if charged. It is what a local fallback keeps, so that a
-// decision the other store cannot make in time goes on from where the
-// shared state stood, not from a fresh key. Times are the deciding store's:
-// s is read from d.At on, by that store's clock.
+// Seed merges into s what d tells of the state that made it: a decision
+// another store (Redis) made on its own state of the key, for a request
+// of cost that it charged there if charged. s is what a local fallback
+// keeps, so that a decision the other store cannot make in time goes on
+// from where the shared state stood, not from a fresh key. Times are the
+// deciding store's: s is read from d.At on, by that store's clock.
 //
-// A Decision tells a state only to a whole event and a whole µs, so Seed
-// keeps the least restrictive state that d allows: read at any time from
-// d.At on, with nothing charged meanwhile, s never rejects a request the
-// state that made d would admit (a sliding_window to a thousandth of an
-// event, see seedSliding). At d.At it decides requests of whole events as
-// that state does, but for a sliding_log, which keeps only what it knows
-// of the log (see seedLog). A concurrency limit is not seeded: its slots
-// are leases that no decision times.
+// A copy never moves backwards. Replies to concurrent requests arrive in
+// any order, so d may be older than what s already holds: s keeps, for
+// every later time, the more restrictive of what it held and what d
+// tells (the later TAT, the larger debt, the later window, the larger
+// count in the same window, the later ban). What the copy charged on its
+// own while the other store could not answer stays too, until it ages
+// out: those requests were admitted. Only Reseed, which follows a reset,
+// moves a copy back.
+//
+// A Decision tells a state only to a whole event and a whole µs, so what
+// d adds is the least restrictive state d allows: seeded alone, read at
+// any time from d.At on with nothing charged meanwhile, s never rejects a
+// request the state that made d would admit. A copy seeded from every
+// decision made on the state, in any order, some twice, admits no
+// request of whole events that the state after the last one would reject
+// (the bucket family to a tick, so to a µs where a tick is finer). A
+// concurrency limit is not seeded: its slots are leases that no decision
+// times.
 func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
+	if !charged {
+		cost = 0
+	}
+	cost = max(cost, 0)
 	switch l.Kind {
 	case TokenBucket, LeakyBucket:
-		s.At, s.Level = d.At, l.seedDebt(d)
+		// Both debts drain one tick per tick: the larger one at the
+		// later time is the larger one ever after.
+		at := max(s.At, d.At)
+		s.Level = max(l.drain(s.Level, at-s.At), l.drain(l.seedDebt(d), at-d.At))
+		s.At = at
 	case GCRA:
-		l.setTAT(s, d.At, l.seedDebt(d))
+		var n State
+		l.setTAT(&n, d.At, l.seedDebt(d))
+		if n.At > s.At || n.At == s.At && n.Level > s.Level {
+			s.At, s.Level = n.At, n.Level // the later TAT
+		}
 	case FixedWindow:
-		s.At, s.Level, s.Prev = d.At-d.At%l.Window, 0, 0
+		start := d.At - d.At%l.Window
+		switch {
+		case start < s.At:
+			return // d's window no longer counts
+		case start > s.At:
+			s.At, s.Level, s.Prev, s.Head = start, 0, 0, 0 // s's no longer does
+		}
 		if d.Reset > 0 {
-			s.Level = l.seedUsed(d)
+			s.Level = max(s.Level, l.seedUsed(d))
 		}
 	case SlidingWindow:
-		l.seedSliding(s, d, cost, charged)
+		l.seedSliding(s, d, cost)
 	case SlidingLog:
-		l.seedLog(s, d, cost, charged)
+		if charged {
+			l.seedLog(s, d, cost)
+		}
 	case Ban:
-		if !d.Allowed {
-			// Banned until then: Reset, since a ban's Wait also covers
-			// its zone's rate (Decision.WaitAlso).
-			s.At, s.Level, s.Prev = d.At+d.Reset, 0, 0
-			return
-		}
-		s.At, s.Level, s.Prev = 0, max(0, l.Events-d.Remaining), d.At+d.Reset
-		if s.Level == 0 || d.Reset <= 0 {
-			s.Level, s.Prev = 0, 0
-		}
+		l.seedBan(s, d)
 	}
+}
+
+// Reseed sets s to a copy of the state that made d, whatever s held: what
+// a copy follows once the key was reset on the other store, and d read
+// its state since. Unlike Seed it may move s backwards. A sliding_log
+// keeps, of the entries it holds, no more than the state that made d
+// holds (the newest: entries since the reset are newer than any before
+// it), since d does not tell their times.
+func (l *Limit) Reseed(s *State, d Decision) {
+	if l.Kind == Concurrency {
+		return
+	}
+	if l.Kind == SlidingLog {
+		l.expire(s, d.At)
+		held := max(0, min(l.Events-d.Remaining, l.Events))
+		l.dropOldest(s, s.Level-held)
+		return
+	}
+	*s = State{}
+	l.Seed(s, d, 0, false)
 }
 
 // seedDebt is the least debt, in ticks, that a bucket's Reset allows:
@@ -61,48 +102,42 @@ func (l *Limit) seedUsed(d Decision) int64 {
 	return max(0, l.Events*Milli-(d.Remaining+1)*Milli+1)
 }
 
-// seedSliding seeds a sliding_window. The window is known (d.At), and so
-// is the weighted count to a thousandth of an event (Remaining), but not
-// how it splits between this window and the previous one, except that
-// Reset tells whether this window counts anything. This window's count
-// weighs until the next window ends, the previous one's only until this
-// one ends, and less every µs. So this window keeps what this copy saw
-// charged in it (its own count and the request's charge), and the rest
-// is kept as the previous window's count: what this copy saw charged
-// there (known only when it saw the window roll), or the largest count whose weight ceil(p*toNext/W) is not above
-// the rest, if that is more. Both weigh no more than the real counts at
-// every later time, but for the rounding up of the weight, by at most a
-// thousandth of an event. Neither may make the whole pass Remaining's
-// room, which only counts this copy admitted on its own can do.
-func (l *Limit) seedSliding(s *State, d Decision, cost int64, charged bool) {
-	limit := l.Events * Milli
+// seedSliding merges d into a sliding_window copy. The window is known
+// (d.At), and so is the weighted count to a thousandth of an event
+// (Remaining), but not how it splits between this window and the
+// previous one. So the copy counts, in each window, what it saw charged
+// there (Level, and Head for the previous window, see State), and keeps
+// as the previous window's count (Prev) at least that, and at least the
+// largest count whose weight ceil(p*toNext/W) is not above the rest of
+// d's count. The rest weighs no more than the real counts at every later
+// time (this window's count weighs until the next window ends, the
+// previous one's less every µs until this one ends), but for the
+// rounding up of the weight, by at most a thousandth of an event. A
+// reply from the window before the copy's adds its charge to that
+// window's count; one from an earlier window counts no more.
+func (l *Limit) seedSliding(s *State, d Decision, cost int64) {
+	l.roll(s, d.At) // to d's window, if s is in an earlier one
 	start := d.At - d.At%l.Window
-	// What this copy saw charged in this window, and in the previous one
-	// when it saw the window roll. Within a window, its previous count is
-	// a bound from an earlier decision, not charges, and is not carried:
-	// a reply that comes late would add its charge to it twice.
-	var cur, prev int64
 	switch s.At {
 	case start:
-		cur = s.Level
-	case start - l.Window:
-		prev = s.Level
+	case start + l.Window: // a late reply: its window is the previous one
+		s.Head += cost
+		s.Prev = max(s.Prev, s.Head)
+		return
+	default:
+		return
 	}
-	s.At, s.Level, s.Prev = start, 0, 0
 	if d.Reset <= 0 {
-		return // both windows empty
+		return // both windows were empty
 	}
-	used := l.seedUsed(d)
 	toNext := l.Window - (d.At - start)
-	if d.Reset > toNext { // Reset passes this window: it counts something
-		if charged {
-			cur += max(cost, 0)
-		}
-		s.Level = min(cur, max(0, limit-d.Remaining*Milli))
+	if cost > 0 && s.Prev > s.Head {
+		// Prev may be a bound from a later decision, which counted this
+		// charge in its rest: it weighs cost less at d.At.
+		s.Prev = max(s.Head, l.prevFor(l.weight(s.Prev, toNext)-cost, toNext))
 	}
-	lo := l.prevFor(used-s.Level, toNext)
-	hi := l.prevFor(limit-d.Remaining*Milli-s.Level, toNext)
-	s.Prev = max(lo, min(prev, hi))
+	s.Level += cost
+	s.Prev = max(s.Prev, s.Head, l.prevFor(l.seedUsed(d)-s.Level, toNext))
 }
 
 // prevFor is the largest previous-window count, at most the limit, whose
@@ -121,36 +156,79 @@ func (l *Limit) prevFor(left, toNext int64) int64 {
 	return int64(min(q, uint64(limit)))
 }
 
-// seedLog seeds a sliding_log. A decision tells how many entries the log
-// holds (Remaining) and when the newest expires (Reset), not when the
-// others do, and any of them may expire the next µs. So the log keeps what
-// it already holds that is still in the window (the entries this copy saw
-// charged), no more entries than the real log holds, and the request's own
-// entries if it was charged. One instance's copy then holds every entry
-// it charged; the entries other instances charged are not known to it.
-// Entries it admitted itself while the store could not answer stay until
-// they expire, though the store never saw them.
-func (l *Limit) seedLog(s *State, d Decision, cost int64, charged bool) {
+// seedLog merges a charged decision into a sliding_log copy. A decision
+// tells how many entries the log holds (Remaining) and when the newest
+// expires (Reset), not when the others do, and any of them may expire the
+// next µs. So the copy keeps the entries it saw charged: the request's
+// own, at d.At, go in among them in time order (a reply may come after a
+// later one's), and the log keeps at most its events' worth, the newest.
+// One instance's copy then holds every entry it charged; the entries
+// other instances charged are not known to it.
+func (l *Limit) seedLog(s *State, d Decision, cost int64) {
 	n := l.Events
-	for s.Level > 0 && s.Log[s.Head] <= d.At-l.Window {
-		s.Head = (s.Head + 1) % int64(len(s.Log))
-		s.Level--
+	k := min(ceilDiv(cost, Milli), n)
+	if k == 0 {
+		return
 	}
-	held := max(0, min(n-d.Remaining, n)) // the real log's entries
-	k := int64(0)
-	if charged {
-		k = min(ceilDiv(max(cost, 0), Milli), held)
-		if s.Level > 0 && s.entry(s.Level-1) > d.At {
-			k = 0 // a later decision was seeded first: keep the order
-		}
+	l.expire(s, d.At)
+	// pos: how many entries are not after d.At. Replies mostly come in
+	// order: look from the newest.
+	pos := s.Level
+	for pos > 0 && s.entry(pos-1) > d.At {
+		pos--
 	}
-	for s.Level > held-k { // the oldest go first: they expire first
-		s.Head = (s.Head + 1) % int64(len(s.Log))
-		s.Level--
+	if over := s.Level + k - n; over > 0 { // the oldest go: they expire first
+		drop := min(over, pos)
+		l.dropOldest(s, drop)
+		pos -= drop
+		k -= over - drop
 	}
 	s.resize(s.Level+k, n)
-	for i := int64(0); i < k; i++ {
-		s.Log[(s.Head+s.Level)%int64(len(s.Log))] = d.At
-		s.Level++
+	c := int64(len(s.Log))
+	for i := s.Level - 1; i >= pos; i-- {
+		s.Log[(s.Head+i+k)%c] = s.entry(i)
+	}
+	for i := pos; i < pos+k; i++ {
+		s.Log[(s.Head+i)%c] = d.At
+	}
+	s.Level += k
+}
+
+// expire drops a sliding_log's entries that have left the window at now.
+func (l *Limit) expire(s *State, now int64) {
+	for s.Level > 0 && s.Log[s.Head] <= now-l.Window {
+		l.dropOldest(s, 1)
+	}
+}
+
+// dropOldest drops a sliding_log's k oldest entries, if k > 0.
+func (l *Limit) dropOldest(s *State, k int64) {
+	for ; k > 0 && s.Level > 0; k-- {
+		s.Head = (s.Head + 1) % int64(len(s.Log))
+		s.Level--
+	}
+}
+
+// seedBan merges a ban's decision: a rejection tells when the ban ends
+// (Reset: a ban's Wait may also cover its zone's rate, see
+// Decision.WaitAlso), an admission the strikes in the current strike
+// window and when it ends. The later ban end wins, and the later strike
+// window (windows do not overlap, and the same window ends at the same
+// µs), or the most strikes in the same one. Strikes in a window that
+// began before the ban ended were made before the ban began (a banned key
+// gets no strikes), which cleared them.
+func (l *Limit) seedBan(s *State, d Decision) {
+	if !d.Allowed {
+		s.At = max(s.At, d.At+d.Reset)
+	} else if strikes := min(l.Events-d.Remaining, l.Events); strikes > 0 && d.Reset > 0 {
+		switch end := d.At + d.Reset; {
+		case end > s.Prev:
+			s.Level, s.Prev = strikes, end
+		case end == s.Prev:
+			s.Level = max(s.Level, strikes)
+		}
+	}
+	if s.Level > 0 && s.Prev-l.Window < s.At {
+		s.Level, s.Prev = 0, 0
 	}
 }

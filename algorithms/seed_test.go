@@ -82,6 +82,11 @@ func seedTrace(t *testing.T, rng *rand.Rand, l *Limit, mode int) {
 		t.Errorf(format, args...)
 	}
 	var held *pendingSeed
+	// A sliding_window copy may count a late reply's charge in this
+	// window twice, once as its own and once within the bound a later
+	// decision told of the previous window (see seedSliding): by less
+	// than the charge, until the window ends.
+	var late, lateWindow int64
 	for i, r := range randTrace(rng, l, 60) {
 		mine := mode != seedShared || rng.IntN(2) == 0
 		if mode == seedOutage && rng.IntN(3) == 0 {
@@ -112,18 +117,33 @@ func seedTrace(t *testing.T, rng *rand.Rand, l *Limit, mode int) {
 			held = &pendingSeed{d, r.cost, charged} // its reply comes late
 			continue
 		}
-		l.Seed(&local, d, r.cost, charged)
+		if !seedForward(t, rng, l, &local, seeded{d, r.cost, charged}, r.t) {
+			return
+		}
 		history = append(history, fmt.Sprintf("  the copy: %+v", local))
 		stale := false
 		if held != nil {
-			l.Seed(&local, held.d, held.cost, held.charged)
+			if !seedForward(t, rng, l, &local, seeded{held.d, held.cost, held.charged}, r.t) {
+				return
+			}
 			history = append(history, fmt.Sprintf("  then the late reply %+v: the copy %+v", held.d, local))
+			if w := d.At - d.At%l.Window; l.Kind == SlidingWindow && held.charged && held.d.At-held.d.At%l.Window == w {
+				if w != lateWindow {
+					lateWindow, late = w, 0
+				}
+				late += held.cost
+			}
 			held, stale = nil, true
 		}
-		if c := clone(local); !stale && l.Peek(&c, d.At, 0).Remaining < d.Remaining {
+		// In an outage the copy keeps what it admitted on its own, which
+		// the shared state may not have counted.
+		if c := clone(local); !stale && mode != seedOutage && l.Peek(&c, d.At, 0).Remaining < d.Remaining {
 			fail("%s, step %d: seeded from %+v (charged %v), the copy %+v holds more than the shared state %+v",
 				describe(l), i, d, charged, local, shared)
 			return
+		}
+		if d.At-d.At%l.Window != lateWindow {
+			late = 0
 		}
 		if mode == seedOutage {
 			continue
@@ -135,7 +155,7 @@ func seedTrace(t *testing.T, rng *rand.Rand, l *Limit, mode int) {
 			}
 			c := seedCost(rng, l)
 			s, c2 := clone(shared), clone(local)
-			want, got := l.Peek(&s, at, c+slack), l.Peek(&c2, at, c)
+			want, got := l.Peek(&s, at, c+slack+late), l.Peek(&c2, at, c)
 			if want.Allowed && !got.Allowed {
 				fail("%s, step %d: seeded from %+v (charged %v), the copy %+v rejects %s at %s, which the shared state %+v admits",
 					describe(l), i, d, charged, local, events(c), atRel(at, d.At), shared)
@@ -155,6 +175,31 @@ func seedTrace(t *testing.T, rng *rand.Rand, l *Limit, mode int) {
 			}
 		}
 	}
+}
+
+// seedForward seeds the copy s from x, and checks that it moved no
+// backwards: at random times from the decision's time and now on, the
+// copy admits no request of whole events that it would have rejected
+// before (a sliding_window to a thousandth of an event).
+func seedForward(t *testing.T, rng *rand.Rand, l *Limit, s *State, x seeded, now int64) bool {
+	t.Helper()
+	before := clone(*s)
+	l.Seed(s, x.d, x.cost, x.charged)
+	slack := int64(0)
+	if l.Kind == SlidingWindow {
+		slack = 1
+	}
+	for range 4 {
+		at := max(x.d.At, now) + rng.Int64N(2*l.Window+1)
+		c := Milli * (1 + rng.Int64N(max(1, l.Capacity()/Milli)))
+		b, a := clone(before), clone(*s)
+		if got, was := l.Peek(&a, at, c), l.Peek(&b, at, max(0, c-slack)); got.Allowed && !was.Allowed {
+			t.Errorf("%s: seeded from %+v (cost %s, charged %v), the copy %+v went back from %+v: it admits %s at %s, which it rejected before",
+				describe(l), x.d, events(x.cost), x.charged, *s, before, events(c), atRel(at, x.d.At))
+			return false
+		}
+	}
+	return true
 }
 
 // seedCost is a random cost up to the capacity, often whole events.
@@ -202,11 +247,25 @@ func TestSeedBan(t *testing.T) {
 	if local.At != end {
 		t.Fatalf("seeded from a ban whose Wait covers its rate: the copy's ban ends at %s, want %s", at0(local.At), at0(end))
 	}
-	// A shared decision that admits clears a ban the copy made on its own.
+	// A shared decision that admits does not lift a ban the copy holds:
+	// it may be a reply from before the ban that came late. An unban,
+	// followed by Reseed, does.
 	local = State{At: now + 600_000_000}
 	l.Seed(&local, l.Peek(&State{}, now, 0), 0, false)
+	if d := l.Peek(&local, now, 0); d.Allowed {
+		t.Fatalf("a late admission lifted the copy's ban: %+v", d)
+	}
+	l.Reseed(&local, l.Peek(&State{}, now, 0))
 	if d := l.Peek(&local, now, 0); !d.Allowed || d.Remaining != 3 {
-		t.Fatalf("after a shared admission, the copy decides %+v, want admitted with 3 strikes left", d)
+		t.Fatalf("after an unban, the copy decides %+v, want admitted with 3 strikes left", d)
+	}
+	// A late reply from before a ban brings back no strikes the ban
+	// cleared.
+	var s2 State
+	l.Seed(&s2, Decision{Reset: 600 * second, Wait: 600 * second, At: now + 3}, 0, false)
+	l.Seed(&s2, Decision{Allowed: true, Remaining: 1, Reset: 60*second - 1, At: now + 1}, 0, false)
+	if d := l.Peek(&s2, now+3+600*second, 0); !d.Allowed || d.Remaining != 3 {
+		t.Fatalf("after the ban, the copy seeded with a late reply decides %+v, want admitted with 3 strikes left", d)
 	}
 }
 
@@ -223,11 +282,13 @@ func TestSeedConcurrencyIsNotSeeded(t *testing.T) {
 	}
 }
 
-// TestSeedSlidingWindowForgetsWhatOnlyTheCopyCounted: requests the copy
-// admitted on its own while the store could not answer, in the previous
-// window, weigh no more than the shared state's own count once the store
-// answers again.
-func TestSeedSlidingWindowForgetsWhatOnlyTheCopyCounted(t *testing.T) {
+// TestSeedKeepsWhatOnlyTheCopyCounted: requests the copy admitted on its
+// own while the store could not answer, in the previous window, still
+// weigh once the store answers again (a seed never moves a copy back:
+// those requests were admitted, whether or not the store counted them),
+// until they age out; a reset on the store, followed by Reseed, forgets
+// them.
+func TestSeedKeepsWhatOnlyTheCopyCounted(t *testing.T) {
 	l := mustLimit(t, SlidingWindow, 10, time.Minute, 0, 0)
 	w0 := t0 - t0%l.Window
 	var shared, local State
@@ -239,10 +300,233 @@ func TestSeedSlidingWindowForgetsWhatOnlyTheCopyCounted(t *testing.T) {
 	now := w0 + l.Window + 30*sec
 	d := l.Take(&shared, now, Milli)
 	l.Seed(&local, d, Milli, true)
-	if got := l.Peek(&local, now, 0); got.Remaining != d.Remaining {
-		t.Fatalf("after the seed the copy %+v has %d events left at the decision's time, the shared state %d", local, got.Remaining, d.Remaining)
+	// Half of the 10 still weigh, and the request.
+	if got := l.Peek(&local, now, 0); got.Remaining != 4 {
+		t.Fatalf("after the seed the copy %+v has %d events left, want 4", local, got.Remaining)
 	}
 	if got := l.Peek(&local, now+l.Window, 0); got.Remaining != l.Peek(&shared, now+l.Window, 0).Remaining {
 		t.Fatalf("a window later the copy %+v has %d events left, the shared state %+v %d", local, got.Remaining, shared, l.Peek(&shared, now+l.Window, 0).Remaining)
+	}
+	l.Reseed(&local, d)
+	if got := l.Peek(&local, now, 0); got.Remaining != d.Remaining {
+		t.Fatalf("after a reseed the copy %+v has %d events left at the decision's time, the shared state %d", local, got.Remaining, d.Remaining)
+	}
+}
+
+// TestSeedOutOfOrder: replies seeded 1, 3, 2 leave the copy where reply 3
+// left it. Before, reply 2 took the copy back, and it admitted a 4th
+// request of 3.
+func TestSeedOutOfOrder(t *testing.T) {
+	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket, FixedWindow, SlidingWindow, SlidingLog} {
+		t.Run(kind.String(), func(t *testing.T) {
+			l := mustLimit(t, kind, 3, time.Minute, 0, 0)
+			var shared, local State
+			var ds [3]Decision
+			for i := range ds {
+				ds[i] = l.Take(&shared, t0+int64(i)*ms, Milli)
+			}
+			for _, i := range []int{0, 2, 1} {
+				l.Seed(&local, ds[i], Milli, true)
+			}
+			if d := l.Take(&local, t0+3*ms, Milli); d.Allowed {
+				t.Fatalf("seeded 1, 3, 2, the copy %+v admitted a 4th request of 3: %+v", local, d)
+			}
+		})
+	}
+}
+
+// TestReseedLog: after a reset, a sliding_log copy keeps no more of its
+// entries than the store's log holds, the newest.
+func TestReseedLog(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 3, time.Minute, 0, 0)
+	var local State
+	for i := range 3 {
+		l.Take(&local, t0+int64(i)*sec, Milli)
+	}
+	l.Reseed(&local, Decision{Allowed: true, Remaining: 2, Reset: 59 * sec, At: t0 + 3*sec})
+	if local.Level != 1 || local.entry(0) != t0+2*sec {
+		t.Fatalf("reseeded with 1 entry held, the copy %+v, want its newest entry only", local)
+	}
+}
+
+// TestPropertySeedOutOfOrder: replies reach the copy in any order, some
+// twice (a copy is seeded by each request's own reply, and concurrent
+// requests' replies race), and the copy never moves backwards. Each trace
+// is a real sequence of decisions this instance made alone on the shared
+// state; the copy is seeded from a shuffle of them with duplicates. At the
+// last decision's time and at random later times, nothing charged
+// meanwhile, the copy must admit no request of whole events that the
+// shared state after the last decision would reject (for a bucket whose
+// tick is finer than a µs, that the shared state would reject a µs later:
+// a Decision tells the debt to a µs). Before, the copy took whichever
+// reply came last: seeded from decisions 1, 3, 2 of 3 events, it admitted
+// a 4th.
+func TestPropertySeedOutOfOrder(t *testing.T) {
+	kinds := []struct {
+		kind    Kind
+		shaping bool
+	}{
+		{TokenBucket, false}, {GCRA, false}, {LeakyBucket, false}, {LeakyBucket, true},
+		{FixedWindow, false}, {SlidingWindow, false}, {SlidingLog, false},
+	}
+	for _, k := range kinds {
+		name := k.kind.String()
+		if k.shaping {
+			name += "/shaping"
+		}
+		t.Run(name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(k.kind), 29))
+			for range traces() {
+				l := randLimit(t, rng, k.kind, k.shaping)
+				seedShuffled(t, rng, &l)
+				if t.Failed() {
+					return
+				}
+			}
+		})
+	}
+	t.Run("ban", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(uint64(Ban), 29))
+		for range traces() {
+			seedBanShuffled(t, rng)
+			if t.Failed() {
+				return
+			}
+		}
+	})
+}
+
+// seeded is one decision as the copy is seeded from it.
+type seeded struct {
+	d       Decision
+	cost    int64
+	charged bool
+}
+
+// shuffled returns the indices 0..n-1 in a random order, with some of
+// them repeated.
+func shuffled(rng *rand.Rand, n int) []int {
+	order := rng.Perm(n)
+	for range rng.IntN(n/2 + 1) {
+		at := rng.IntN(len(order) + 1)
+		order = append(order[:at], append([]int{rng.IntN(n)}, order[at:]...)...)
+	}
+	return order
+}
+
+func seedShuffled(t *testing.T, rng *rand.Rand, l *Limit) {
+	t.Helper()
+	shared := NewState(l)
+	var ds []seeded
+	for _, r := range randTrace(rng, l, 2+rng.IntN(12)) {
+		if rng.IntN(8) == 0 {
+			// Another zone rejected the request: nothing charged.
+			ds = append(ds, seeded{l.Peek(&shared, r.t, r.cost), r.cost, false})
+			continue
+		}
+		d := l.Take(&shared, r.t, r.cost)
+		ds = append(ds, seeded{d, r.cost, d.Allowed})
+	}
+	last := ds[len(ds)-1].d.At
+	for range 4 {
+		order := shuffled(rng, len(ds))
+		var local State
+		for _, i := range order {
+			l.Seed(&local, ds[i].d, ds[i].cost, ds[i].charged)
+		}
+		for range 8 {
+			at := last
+			if rng.IntN(3) != 0 {
+				at += rng.Int64N(3*l.Window + 1)
+			}
+			ref := at
+			if (l.Kind == TokenBucket || l.Kind == GCRA || l.Kind == LeakyBucket) && l.Scale != 1 {
+				ref++
+			}
+			for c := int64(Milli); c <= l.Capacity(); c += Milli {
+				s, c2 := clone(shared), clone(local)
+				want, got := l.Peek(&s, ref, c), l.Peek(&c2, at, c)
+				if got.Allowed && !want.Allowed {
+					t.Errorf("%s: seeded in the order %v from %+v, the copy %+v admits %s at %s, which the shared state %+v after the last decision rejects (%+v)",
+						describe(l), order, ds, local, events(c), atRel(at, last), shared, want)
+					return
+				}
+			}
+		}
+	}
+}
+
+// seedBanShuffled runs strikes and looks at a ban, seeds a copy from the
+// decisions shuffled, and checks that the copy bans the key whenever the
+// shared state does, and that a strike bans it in the copy whenever it
+// would in the shared state.
+func seedBanShuffled(t *testing.T, rng *rand.Rand) {
+	t.Helper()
+	after := 1 + rng.Int64N(4)
+	window := time.Duration(1+rng.Int64N(100)) * time.Second
+	hold := time.Duration(1+rng.Int64N(100)) * time.Second
+	l, err := NewBan(after, window, hold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shared State
+	var ds []seeded
+	now := t0
+	for range 2 + rng.IntN(12) {
+		now += rng.Int64N(max(l.Window, l.Hold) / 2)
+		if rng.IntN(2) == 0 {
+			ds = append(ds, seeded{d: l.Strike(&shared, now)})
+		} else {
+			ds = append(ds, seeded{d: l.Peek(&shared, now, 0)})
+		}
+	}
+	last := ds[len(ds)-1].d.At
+	for range 4 {
+		order := shuffled(rng, len(ds))
+		var local State
+		for _, i := range order {
+			l.Seed(&local, ds[i].d, 0, false)
+		}
+		for range 8 {
+			at := last
+			if rng.IntN(3) != 0 {
+				at += rng.Int64N(2*max(l.Window, l.Hold) + 1)
+			}
+			s, c := shared, local
+			if want, got := l.Peek(&s, at, 0), l.Peek(&c, at, 0); got.Allowed && !want.Allowed {
+				t.Errorf("ban of %d in %s for %s: seeded in the order %v from %+v, the copy %+v lets the key in at %s, which the shared state %+v bans",
+					after, window, hold, order, ds, local, atRel(at, last), shared)
+				return
+			}
+			if want, got := l.Strike(&s, at), l.Strike(&c, at); got.Allowed && !want.Allowed {
+				t.Errorf("ban of %d in %s for %s: seeded in the order %v from %+v, the copy %+v is not banned by a strike at %s, which bans the shared state %+v",
+					after, window, hold, order, ds, local, atRel(at, last), shared)
+				return
+			}
+		}
+	}
+}
+
+// TestSeedAllocs: merging a reply into a copy allocates nothing once a
+// sliding_log's ring has grown to its entries.
+func TestSeedAllocs(t *testing.T) {
+	for _, kind := range allKinds {
+		l := mustLimit(t, kind, 100, time.Second, 0, 0)
+		var shared, local State
+		now := t0
+		for range 200 {
+			now += 3 * ms
+			d := l.Take(&shared, now, 1500)
+			l.Seed(&local, d, 1500, d.Allowed)
+		}
+		allocs := testing.AllocsPerRun(1000, func() {
+			now += 3 * ms
+			d := l.Take(&shared, now, 1500)
+			l.Seed(&local, d, 1500, d.Allowed)
+			l.Seed(&local, d, 0, false)
+		})
+		if allocs != 0 {
+			t.Errorf("%s: Seed allocates %v times, want 0", kind, allocs)
+		}
 	}
 }

@@ -23,6 +23,7 @@ func (l *Limit) roll(s *State, now int64) int64 {
 		} else {
 			s.Prev = 0
 		}
+		s.Head = s.Prev // what was charged there (see State)
 		s.Level = 0
 		s.At = start
 	}
@@ -172,6 +173,7 @@ func (l *Limit) windowUndo(s *State, now, cost int64, taken Decision) {
 		s.Level = max(0, s.Level-cost)
 	case charged == s.At-l.Window && l.Kind == SlidingWindow:
 		s.Prev = max(0, s.Prev-cost)
+		s.Head = max(0, s.Head-cost)
 	}
 }
 

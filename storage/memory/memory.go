@@ -286,31 +286,56 @@ func (s *Store) at(now int64) int64 {
 	return now
 }
 
-// Seed sets key's state to a copy of the shared state that made d, a
-// decision another store (Redis) made for a request of cost, which it
-// charged if charged (see algorithms.Limit.Seed); d.At is on the other
-// store's clock, which s should Follow. A key the store does not hold is
-// added only if the copy is not fresh. A concurrency store is not seeded.
+// Seed merges into key's state what d tells of the shared state that
+// made it, a decision another store (Redis) made for a request of cost,
+// which it charged if charged (see algorithms.Limit.Seed): the copy keeps
+// the more restrictive of the two, so that replies seeded in any order
+// never take it back. d.At is on the other store's clock, which s should
+// Follow. A key the store does not hold is added only if the copy is not
+// fresh. A concurrency store is not seeded.
 func (s *Store) Seed(key string, d algorithms.Decision, cost int64, charged bool) {
+	s.setCopy(key, d, cost, charged, false)
+}
+
+// Reseed sets key's state to a copy of the shared state that made d,
+// whatever the copy held (see algorithms.Limit.Reseed): what a copy
+// follows after the key was reset on the other store, d being a look at
+// its state since.
+func (s *Store) Reseed(key string, d algorithms.Decision) {
+	s.setCopy(key, d, 0, false, true)
+}
+
+// setCopy merges d into key's state, or with reseed sets the state from d,
+// under its shard's lock. A key the store does not hold is added only if
+// the copy is not fresh.
+func (s *Store) setCopy(key string, d algorithms.Decision, cost int64, charged, reseed bool) {
 	if s.limit.Kind == algorithms.Concurrency {
 		return
+	}
+	set := func(st *algorithms.State) {
+		if reseed {
+			s.limit.Reseed(st, d)
+		} else {
+			s.limit.Seed(st, d, cost, charged)
+		}
 	}
 	h, sh := s.locate(key)
 	sh.mu.Lock()
 	e := sh.lookup(h, key)
 	var victim *entry
 	if e == nil {
-		var st algorithms.State
-		s.limit.Seed(&st, d, cost, charged)
+		st := algorithms.NewState(&s.limit)
+		set(&st)
 		if s.limit.Fresh(&st, d.At) {
 			sh.mu.Unlock()
 			return
 		}
 		e, victim = s.insert(sh, h, key)
+		e.state = st
 	} else {
 		s.touch(e)
+		set(&e.state)
 	}
-	s.limit.Seed(&e.state, d, cost, charged)
 	sh.mu.Unlock()
 	s.drop(victim)
 }

@@ -131,3 +131,42 @@ func BenchmarkSeed(b *testing.B) {
 		}
 	}
 }
+
+// TestSeedNeverGoesBack: replies seeded out of order leave the copy where
+// the latest left it, for every algorithm with a state to copy; Reseed,
+// which follows a reset, takes it back. Before, the copy took whichever
+// reply came last: seeded from decisions 1, 3, 2, it admitted a 4th
+// request of 3.
+func TestSeedNeverGoesBack(t *testing.T) {
+	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.LeakyBucket, algorithms.FixedWindow, algorithms.SlidingWindow, algorithms.SlidingLog} {
+		t.Run(kind.String(), func(t *testing.T) {
+			l, err := algorithms.NewLimit(kind, 3, time.Minute, 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			shared := New(storage.Zone{Name: "shared", Limit: l})
+			local := New(storage.Zone{Name: "local", Limit: l})
+			now := 1000 * 60 * sec
+			var ds [3]algorithms.Decision
+			for i := range ds {
+				ds[i] = take(t, shared, "k", now+int64(i)*sec)
+			}
+			for _, i := range []int{0, 2, 1, 0} {
+				local.Seed("k", ds[i], algorithms.Milli, true)
+			}
+			if d, _, _ := local.Peek(context.Background(), "k", now+3*sec); d.Allowed {
+				t.Fatalf("seeded 1, 3, 2, 1, the copy admits a 4th request of 3: %+v", d)
+			}
+			// The key is reset on the shared store, which then charges
+			// one request: the copy follows.
+			if _, err := shared.Reset(context.Background(), "k"); err != nil {
+				t.Fatal(err)
+			}
+			d := take(t, shared, "k", now+4*sec)
+			local.Reseed("k", d)
+			if got, _, _ := local.Peek(context.Background(), "k", now+4*sec); !got.Allowed || got.Remaining != 2 {
+				t.Fatalf("reseeded after a reset, the copy decides %+v, want 2 left", got)
+			}
+		})
+	}
+}
