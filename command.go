@@ -147,11 +147,12 @@ func (e *apiError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.status, 
 // 400 or more.
 var caddyErrorAnswer = regexp.MustCompile(`(?s)HTTP (\d{3}): (.*)$`)
 
-// request sends one request to the admin API and returns its body. An
-// admin API that cannot be reached, and an answer other than 2xx (an
-// *apiError), are errors that say what to do.
-func (c *cliRun) request(method, uri string) ([]byte, error) {
-	resp, err := caddycmd.AdminAPIRequest(c.address, method, uri, nil, nil)
+// request sends one request to the admin API, with a JSON body if body is
+// not nil, and returns the answer's body. An admin API that cannot be
+// reached, and an answer other than 2xx (an *apiError), are errors that
+// say what to do.
+func (c *cliRun) request(method, uri string, body io.Reader) ([]byte, error) {
+	resp, err := caddycmd.AdminAPIRequest(c.address, method, uri, nil, body)
 	if err != nil {
 		m := caddyErrorAnswer.FindStringSubmatch(err.Error())
 		if m == nil {
@@ -169,11 +170,11 @@ func (c *cliRun) request(method, uri string) ([]byte, error) {
 		return nil, &apiError{status, msg}
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	answer, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return nil, fmt.Errorf("reading the answer of %s %s: %w", method, uri, err)
 	}
-	return body, nil
+	return answer, nil
 }
 
 // noEndpoint is the error for an admin API without Tollgate's endpoint.
@@ -184,7 +185,7 @@ func (c *cliRun) noEndpoint(err error) error {
 
 // listZones gets the live zones.
 func (c *cliRun) listZones() ([]byte, []zoneInfo, error) {
-	body, err := c.request(http.MethodGet, adminPrefix+"zones")
+	body, err := c.request(http.MethodGet, adminPrefix+"zones", nil)
 	var ae *apiError
 	if errors.As(err, &ae) && ae.status == http.StatusNotFound {
 		return nil, nil, c.noEndpoint(err)
@@ -199,17 +200,18 @@ func (c *cliRun) listZones() ([]byte, []zoneInfo, error) {
 	return body, zones, nil
 }
 
-// keyRequest sends a request about a key (path "keys" or "bans") and
+// keyRequest sends a request about a key (path "keys" or "bans"; an
+// action on the key, such as "/grant", after it, with a JSON body) and
 // returns the answer, or an error that says what to do.
-func (c *cliRun) keyRequest(method, path, zone, key string) ([]byte, error) {
-	uri := keyURI(zone, path, key)
+func (c *cliRun) keyRequest(method, path, zone, key, action string, body io.Reader) ([]byte, error) {
+	uri := keyURI(zone, path, key) + action
 	if c.tier != "" {
 		uri += "?tier=" + url.QueryEscape(c.tier)
 	}
-	body, err := c.request(method, uri)
+	answer, err := c.request(method, uri, body)
 	var ae *apiError
 	if !errors.As(err, &ae) {
-		return body, err
+		return answer, err
 	}
 	switch {
 	case ae.status == http.StatusNotFound && strings.HasPrefix(ae.msg, "unknown zone"):
@@ -334,7 +336,7 @@ func zoneAlso(z zoneInfo) string {
 }
 
 func (c *cliRun) show(args []string) error {
-	body, err := c.keyRequest(http.MethodGet, "keys", args[0], args[1])
+	body, err := c.keyRequest(http.MethodGet, "keys", args[0], args[1], "", nil)
 	if err != nil {
 		return err
 	}
@@ -377,7 +379,7 @@ func (c *cliRun) show(args []string) error {
 }
 
 func (c *cliRun) reset(args []string) error {
-	body, err := c.keyRequest(http.MethodDelete, "keys", args[0], args[1])
+	body, err := c.keyRequest(http.MethodDelete, "keys", args[0], args[1], "", nil)
 	if err != nil {
 		return err
 	}
@@ -385,7 +387,7 @@ func (c *cliRun) reset(args []string) error {
 }
 
 func (c *cliRun) unban(args []string) error {
-	body, err := c.keyRequest(http.MethodDelete, "bans", args[0], args[1])
+	body, err := c.keyRequest(http.MethodDelete, "bans", args[0], args[1], "", nil)
 	if err != nil {
 		return err
 	}
