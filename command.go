@@ -1,31 +1,101 @@
 package tollgate
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
+	"regexp"
+	"sort"
+	"strconv"
 	"strings"
+	"text/tabwriter"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 )
 
+// cliSubcommand is one subcommand of `caddy rate-limit`. A new one is a
+// row of cliSubcommands: its usage, help and example are listed by `help`
+// and the command's long help from there.
+type cliSubcommand struct {
+	name    string
+	args    []string // the positional arguments, e.g. <zone> <key>
+	short   string   // one line of help
+	example string   // one example command line
+	// run runs it; nil for help, which lists this table.
+	run func(c *cliRun, args []string) error
+}
+
+// cliSubcommands are the subcommands of `caddy rate-limit`, in the order
+// help lists them.
+var cliSubcommands = []cliSubcommand{
+	{"zones", nil, "list the live zones: algorithm, limit, storage, keys",
+		"caddy rate-limit zones", (*cliRun).zones},
+	{"show", []string{"<zone>", "<key>"}, "show one key's state: remaining, reset, ban, tier (--tier for one tier's)",
+		"caddy rate-limit show api 'customer/42 eu'", (*cliRun).show},
+	{"reset", []string{"<zone>", "<key>"}, "reset a key: its next request finds a fresh state (--tier: that tier only)",
+		"caddy rate-limit reset api customer-42", (*cliRun).reset},
+	{"unban", []string{"<zone>", "<key>"}, "lift a key's ban and forget its strikes, leaving its rate",
+		"caddy rate-limit unban login 203.0.113.9", (*cliRun).unban},
+	{"help", nil, "list these subcommands",
+		"caddy rate-limit help", nil}, // run: help (which lists this table)
+}
+
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "[--address <admin>] zones | show <zone> <key> | reset <zone> <key> | unban <zone> <key>",
-		Short: "Lists rate-limit zones, shows or resets a key through the admin API",
-		Long: `
+		Usage: "[--address <admin>] [--json] [--tier <value>] <subcommand> [<zone> <key>]",
+		Short: "Shows rate-limit zones and keys, resets keys and lifts bans through the admin API",
+		Long:  cliHelp(),
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.PersistentFlags().String("address", "", "The address of Caddy's admin API, if not the default")
+			cmd.PersistentFlags().String("tier", "", "In a zone with tiers, the tier whose state to show or reset (reset: every tier without it)")
+			cmd.PersistentFlags().Bool("json", false, "Print the admin API's JSON answer, for scripts")
+			for _, sub := range cliSubcommands {
+				cmd.AddCommand(&cobra.Command{
+					Use:     strings.Join(append([]string{sub.name}, sub.args...), " "),
+					Short:   sub.short,
+					Example: "  " + sub.example,
+					Args:    cobra.ExactArgs(len(sub.args)),
+					RunE: func(cmd *cobra.Command, args []string) error {
+						c, err := newCLIRun(cmd)
+						if err != nil {
+							return err
+						}
+						if sub.run == nil {
+							return c.help()
+						}
+						return sub.run(c, args)
+					},
+				})
+			}
+		},
+	})
+}
+
+// cliHelp lists the subcommands with an example each, for `help` and the
+// command's long help.
+func cliHelp() string {
+	var b strings.Builder
+	b.WriteString(`
 Talks to the rate-limit admin API (admin.api.rate_limit) of a running Caddy
-and prints what it answers, as JSON.
+and prints what it answers as aligned tables; --json prints the API's JSON
+instead, for scripts.
 
-  zones               the live zones and their key counts
-  show <zone> <key>   one key's state: allowed, remaining, reset, wait
-                      (--tier <value>: its state in that tier)
-  reset <zone> <key>  reset the key: its next request finds a fresh state
-  unban <zone> <key>  lift the key's ban (in a zone with ban), leaving its rate
-
+Subcommands:
+`)
+	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
+	for _, sub := range cliSubcommands {
+		fmt.Fprintf(tw, "  %s\t%s\n", strings.Join(append([]string{sub.name}, sub.args...), " "), sub.short)
+		fmt.Fprintf(tw, "  \t  e.g. %s\n", sub.example)
+	}
+	tw.Flush()
+	b.WriteString(`
 <key> is the resolved key as the zone's key template produces it (an IP
 address, an API key, a user name), given as it is: the command escapes it
 for the URL, '/', spaces, '%' and IPv6 addresses included. An IP address
@@ -34,68 +104,364 @@ as the handler does.
 
 --address is the admin endpoint, by default Caddy's (localhost:2019, or
 the CADDY_ADMIN environment variable). An unknown zone or key, or a store
-that cannot answer, is an error, with the API's answer.
-`,
-		CobraFunc: func(cmd *cobra.Command) {
-			cmd.PersistentFlags().String("address", "", "The address of Caddy's admin API, if not the default")
-			cmd.PersistentFlags().String("tier", "", "In a zone with tiers, the tier whose state to show or reset (reset: every tier without it)")
-			for _, sub := range []struct {
-				use, short string
-				method     string
-				args       int
-				path       string // the key's endpoint: keys or bans
-			}{
-				{"zones", "Lists the live zones and their key counts", http.MethodGet, 0, ""},
-				{"show <zone> <key>", "Shows one key's state", http.MethodGet, 2, "keys"},
-				{"reset <zone> <key>", "Resets one key", http.MethodDelete, 2, "keys"},
-				{"unban <zone> <key>", "Lifts one key's ban", http.MethodDelete, 2, "bans"},
-			} {
-				cmd.AddCommand(&cobra.Command{
-					Use:   sub.use,
-					Short: sub.short,
-					Args:  cobra.ExactArgs(sub.args),
-					RunE: func(cmd *cobra.Command, args []string) error {
-						address, err := cmd.Flags().GetString("address")
-						if err != nil {
-							return err
-						}
-						tier, err := cmd.Flags().GetString("tier")
-						if err != nil {
-							return err
-						}
-						return rateLimitRequest(cmd.OutOrStdout(), address, sub.method, sub.path, tier, args)
-					},
-				})
-			}
-		},
-	})
+that cannot answer, exits with status 1 and says what to do.
+`)
+	return b.String()
 }
 
-// rateLimitRequest sends one request of `caddy rate-limit` to the admin
-// API at address (Caddy's default when empty) and copies the answer to w:
-// GET /rate_limit/zones without args, the key's endpoint with a zone and
-// a key. An answer other than 2xx is an error that quotes it.
-func rateLimitRequest(w io.Writer, address, method, path, tier string, args []string) error {
-	address, err := caddycmd.DetermineAdminAPIAddress(address, nil, "", "")
+// cliRun is one run of a subcommand: where it prints, and its flags.
+type cliRun struct {
+	out     io.Writer
+	address string // the admin endpoint, resolved
+	tier    string
+	json    bool
+}
+
+func newCLIRun(cmd *cobra.Command) (*cliRun, error) {
+	c := &cliRun{out: cmd.OutOrStdout()}
+	address, err := cmd.Flags().GetString("address")
 	if err != nil {
-		return fmt.Errorf("determining the admin API address: %w", err)
+		return nil, err
 	}
-	uri := adminPrefix + "zones"
-	if len(args) == 2 {
-		uri = keyURI(args[0], path, args[1])
-		if tier != "" {
-			uri += "?tier=" + url.QueryEscape(tier)
+	if c.tier, err = cmd.Flags().GetString("tier"); err != nil {
+		return nil, err
+	}
+	if c.json, err = cmd.Flags().GetBool("json"); err != nil {
+		return nil, err
+	}
+	if c.address, err = caddycmd.DetermineAdminAPIAddress(address, nil, "", ""); err != nil {
+		return nil, fmt.Errorf("determining the admin API address: %w", err)
+	}
+	return c, nil
+}
+
+// apiError is an answer of the admin API other than 2xx.
+type apiError struct {
+	status int
+	msg    string // the API's error message, or its body
+}
+
+func (e *apiError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.status, e.msg) }
+
+// caddyErrorAnswer is how caddycmd.AdminAPIRequest reports an answer of
+// 400 or more.
+var caddyErrorAnswer = regexp.MustCompile(`(?s)HTTP (\d{3}): (.*)$`)
+
+// request sends one request to the admin API, with a JSON body if body is
+// not nil, and returns the answer's body. An admin API that cannot be
+// reached, and an answer other than 2xx (an *apiError), are errors that
+// say what to do.
+func (c *cliRun) request(method, uri string, body io.Reader) ([]byte, error) {
+	resp, err := caddycmd.AdminAPIRequest(c.address, method, uri, nil, body)
+	if err != nil {
+		m := caddyErrorAnswer.FindStringSubmatch(err.Error())
+		if m == nil {
+			return nil, fmt.Errorf("cannot reach Caddy's admin API at %s (%v): is Caddy running, with its admin endpoint on? "+
+				"Give its address with --address (the admin global option), or set CADDY_ADMIN", c.address, err)
 		}
-	}
-	resp, err := caddycmd.AdminAPIRequest(address, method, uri, nil, nil)
-	if err != nil {
-		return fmt.Errorf("%s %s at %s: %w", method, uri, address, err)
+		status, _ := strconv.Atoi(m[1])
+		msg := strings.TrimSpace(m[2])
+		var body struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal([]byte(msg), &body) == nil && body.Error != "" {
+			msg = body.Error
+		}
+		return nil, &apiError{status, msg}
 	}
 	defer resp.Body.Close()
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		return fmt.Errorf("reading the answer of %s %s: %w", method, uri, err)
+	answer, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("reading the answer of %s %s: %w", method, uri, err)
 	}
-	return nil
+	return answer, nil
+}
+
+// noEndpoint is the error for an admin API without Tollgate's endpoint.
+func (c *cliRun) noEndpoint(err error) error {
+	return fmt.Errorf("the admin API at %s has no rate-limit endpoint (%v): is that Caddy built with Tollgate "+
+		"(caddy list-modules | grep rate_limit), and is %s its admin address? Give another with --address", c.address, err, c.address)
+}
+
+// listZones gets the live zones.
+func (c *cliRun) listZones() ([]byte, []zoneInfo, error) {
+	body, err := c.request(http.MethodGet, adminPrefix+"zones", nil)
+	var ae *apiError
+	if errors.As(err, &ae) && ae.status == http.StatusNotFound {
+		return nil, nil, c.noEndpoint(err)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var zones []zoneInfo
+	if err := json.Unmarshal(body, &zones); err != nil {
+		return nil, nil, c.noEndpoint(fmt.Errorf("its answer is not a list of zones: %v", err))
+	}
+	return body, zones, nil
+}
+
+// keyRequest sends a request about a key (path "keys" or "bans"; an
+// action on the key, such as "/grant", after it, with a JSON body) and
+// returns the answer, or an error that says what to do.
+func (c *cliRun) keyRequest(method, path, zone, key, action string, body io.Reader) ([]byte, error) {
+	uri := keyURI(zone, path, key) + action
+	if c.tier != "" {
+		uri += "?tier=" + url.QueryEscape(c.tier)
+	}
+	answer, err := c.request(method, uri, body)
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		return answer, err
+	}
+	switch {
+	case ae.status == http.StatusNotFound && strings.HasPrefix(ae.msg, "unknown zone"):
+		_, zones, lerr := c.listZones()
+		if lerr != nil {
+			return nil, c.noEndpoint(err)
+		}
+		names := make([]string, len(zones))
+		for i, z := range zones {
+			names[i] = z.Zone
+		}
+		return nil, fmt.Errorf("%s; the zones of the running config are: %s (caddy rate-limit zones lists them)",
+			ae.msg, strings.Join(names, ", "))
+	case ae.status == http.StatusNotFound && strings.Contains(ae.msg, "holds no"):
+		return nil, fmt.Errorf("%s: the zone has decided nothing on that key since its state was last fresh, "+
+			"so there is nothing to show or reset (give the key as the zone's key template resolves it)", ae.msg)
+	case ae.status == http.StatusNotFound && strings.Contains(ae.msg, "has no tier"):
+		return nil, fmt.Errorf("%s: --tier takes one of the values the zone's tier block lists (caddy rate-limit zones shows them)", ae.msg)
+	case ae.status == http.StatusNotFound && strings.Contains(ae.msg, "has no ban"):
+		return nil, fmt.Errorf("%s: unban is for zones with ban; use reset to reset the key", ae.msg)
+	case ae.status == http.StatusNotFound: // not an answer of Tollgate's API
+		return nil, c.noEndpoint(err)
+	case ae.status == http.StatusServiceUnavailable:
+		return nil, fmt.Errorf("%s: the zone's store cannot answer now (is Redis up?); try again", ae.msg)
+	}
+	return nil, err
+}
+
+// table is an aligned table written to out on Flush, without the
+// spaces tabwriter leaves after a row's last cell.
+type table struct {
+	*tabwriter.Writer
+	buf bytes.Buffer
+	out io.Writer
+}
+
+func newTable(out io.Writer) *table {
+	t := &table{out: out}
+	t.Writer = tabwriter.NewWriter(&t.buf, 0, 0, 2, ' ', 0)
+	return t
+}
+
+func (t *table) Flush() error {
+	if err := t.Writer.Flush(); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(t.buf.String(), "\n") {
+		b.WriteString(strings.TrimRight(line, " \n"))
+		if strings.HasSuffix(line, "\n") {
+			b.WriteByte('\n')
+		}
+	}
+	_, err := io.WriteString(t.out, b.String())
+	return err
+}
+
+func (c *cliRun) zones(args []string) error {
+	body, zones, err := c.listZones()
+	if err != nil {
+		return err
+	}
+	if c.json {
+		_, err := c.out.Write(body)
+		return err
+	}
+	tw := newTable(c.out)
+	fmt.Fprintln(tw, "ZONE\tALGORITHM\tLIMIT\tBURST\tSTORAGE\tKEYS\tALSO")
+	for _, z := range zones {
+		alg, limit, burst := z.Algorithm, "-", "-"
+		if z.Events > 0 {
+			limit, burst = formatLimit(z.Events, z.Window), strconv.FormatInt(z.Burst, 10)
+		} else {
+			alg = "-"
+		}
+		keys := "-" // a store that keeps no count (Redis)
+		if z.Keys != nil {
+			keys = strconv.Itoa(*z.Keys)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", z.Zone, alg, limit, burst, z.Storage, keys, zoneAlso(z))
+	}
+	return tw.Flush()
+}
+
+// zoneAlso describes what a zone has beside its rate.
+func zoneAlso(z zoneInfo) string {
+	var also []string
+	if z.Concurrency > 0 {
+		s := fmt.Sprintf("concurrency %d", z.Concurrency)
+		if z.Storage == "redis" {
+			s += " (lease " + formatSeconds(z.ConcurrencyLease) + ")"
+		}
+		also = append(also, s)
+	}
+	if z.Ban > 0 {
+		also = append(also, fmt.Sprintf("ban %s after %d", formatSeconds(z.Ban), z.BanAfter))
+	}
+	if z.TierKey != "" {
+		values := make([]string, 0, len(z.Tiers))
+		for v := range z.Tiers {
+			values = append(values, v)
+		}
+		sort.Strings(values)
+		tiers := make([]string, len(values))
+		for i, v := range values {
+			t := z.Tiers[v]
+			switch {
+			case t.Unlimited:
+				tiers[i] = v + " unlimited"
+			case t.Burst != t.Events:
+				tiers[i] = fmt.Sprintf("%s %s burst %d", v, formatLimit(t.Events, t.Window), t.Burst)
+			default:
+				tiers[i] = v + " " + formatLimit(t.Events, t.Window)
+			}
+		}
+		also = append(also, "tiers by "+z.TierKey+": "+strings.Join(tiers, ", "))
+	}
+	if z.DryRun {
+		also = append(also, "dry run")
+	}
+	return strings.Join(also, "; ")
+}
+
+func (c *cliRun) show(args []string) error {
+	body, err := c.keyRequest(http.MethodGet, "keys", args[0], args[1], "", nil)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		_, err := c.out.Write(body)
+		return err
+	}
+	var st keyState
+	if err := json.Unmarshal(body, &st); err != nil {
+		return c.noEndpoint(fmt.Errorf("its answer is not a key's state: %v", err))
+	}
+	tw := newTable(c.out)
+	fmt.Fprintf(tw, "zone\t%s\n", st.Zone)
+	fmt.Fprintf(tw, "key\t%s\n", st.Key)
+	if st.Tier != "" {
+		fmt.Fprintf(tw, "tier\t%s\n", st.Tier)
+	}
+	allowed := "yes"
+	if !st.Allowed {
+		allowed = "no, next in " + formatSeconds(st.Wait)
+	}
+	fmt.Fprintf(tw, "allowed\t%s\n", allowed)
+	fmt.Fprintf(tw, "remaining\t%d\n", st.Remaining)
+	reset := "now (the quota is whole)"
+	if st.Reset > 0 {
+		reset = "in " + formatSeconds(st.Reset)
+	}
+	fmt.Fprintf(tw, "reset\t%s\n", reset)
+	if b := st.Ban; b != nil {
+		ban := fmt.Sprintf("no (%d strikes left)", b.StrikesLeft)
+		if b.Banned {
+			ban = "banned for " + formatSeconds(b.Left)
+		}
+		fmt.Fprintf(tw, "ban\t%s\n", ban)
+	}
+	if st.InFlight != nil {
+		fmt.Fprintf(tw, "in flight\t%d\n", *st.InFlight)
+	}
+	return tw.Flush()
+}
+
+func (c *cliRun) reset(args []string) error {
+	body, err := c.keyRequest(http.MethodDelete, "keys", args[0], args[1], "", nil)
+	if err != nil {
+		return err
+	}
+	return c.done(body, "reset", "")
+}
+
+func (c *cliRun) unban(args []string) error {
+	body, err := c.keyRequest(http.MethodDelete, "bans", args[0], args[1], "", nil)
+	if err != nil {
+		return err
+	}
+	return c.done(body, "lifted the ban of", " (its rate's state stays)")
+}
+
+// done prints the answer of a reset or unban.
+func (c *cliRun) done(body []byte, what, tail string) error {
+	if c.json {
+		_, err := c.out.Write(body)
+		return err
+	}
+	var ans struct{ Zone, Key string }
+	if err := json.Unmarshal(body, &ans); err != nil {
+		return c.noEndpoint(fmt.Errorf("its answer is not JSON: %v", err))
+	}
+	where := "zone " + ans.Zone
+	if c.tier != "" {
+		where += ", tier " + c.tier
+	}
+	_, err := fmt.Fprintf(c.out, "%s key %q in %s%s\n", what, ans.Key, where, tail)
+	return err
+}
+
+func (c *cliRun) help() error {
+	_, err := io.WriteString(c.out, strings.TrimPrefix(cliHelp(), "\n"))
+	return err
+}
+
+// formatLimit writes events per window (seconds) as "100/min", "5/h",
+// "20/s", or "100/10s" for a window that is not one unit.
+func formatLimit(events int64, window float64) string {
+	for _, u := range []struct {
+		seconds float64
+		name    string
+	}{{1, "s"}, {60, "min"}, {3600, "h"}, {86400, "day"}, {7 * 86400, "week"}} {
+		if window == u.seconds {
+			return fmt.Sprintf("%d/%s", events, u.name)
+		}
+	}
+	return fmt.Sprintf("%d/%s", events, formatSeconds(window))
+}
+
+// formatSeconds writes a duration in seconds for people: "600ms", "59s",
+// "14m32s", "2h", "1d3h", with at most its two largest units (rounded up
+// to the millisecond under a second, to the second above).
+func formatSeconds(s float64) string {
+	if s <= 0 {
+		return "0s"
+	}
+	if s < 1 {
+		return fmt.Sprintf("%dms", int64(math.Ceil(s*1000)))
+	}
+	left := int64(math.Ceil(s - 1e-9))
+	var b bytes.Buffer
+	units := 0
+	for _, u := range []struct {
+		seconds int64
+		name    string
+	}{{86400, "d"}, {3600, "h"}, {60, "m"}, {1, "s"}} {
+		n := left / u.seconds
+		if n == 0 && units == 0 {
+			continue
+		}
+		if units == 2 {
+			break
+		}
+		units++
+		left -= n * u.seconds
+		if n > 0 {
+			fmt.Fprintf(&b, "%d%s", n, u.name)
+		}
+	}
+	return b.String()
 }
 
 // keyURI is the admin API path of a key in a zone (path "keys"), or of its
