@@ -462,18 +462,23 @@ func (l *redisLimiter) resetCopy(key string) {
 	}
 	go func() {
 		defer func() { <-l.resets }()
-		if !l.health.admit() {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-		defer cancel()
-		d, held, err := l.inner.Peek(ctx, key, monotonicMicros())
+		var (
+			d    algorithms.Decision
+			held bool
+		)
+		err := l.health.do(context.Background(), func() (bool, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+			defer cancel()
+			var err error
+			d, held, err = l.inner.Peek(ctx, key, monotonicMicros())
+			return true, err
+		})
 		switch {
 		case err != nil:
 		case held:
 			l.copy.Seed(key, d, 0, false)
 		default:
-			_, _ = l.copy.Reset(ctx, key)
+			_, _ = l.copy.Reset(context.Background(), key)
 		}
 	}()
 }
@@ -481,25 +486,22 @@ func (l *redisLimiter) resetCopy(key string) {
 // followedResets is how many resets a zone's copy follows at once.
 const followedResets = 64
 
-func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (algorithms.Decision, error) {
-	if !l.health.admit() {
-		return algorithms.Decision{}, errRedisDown
-	}
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	d, err := l.inner.Take(c, key, now, cost)
-	cancel()
-	l.health.observe(ctx, err)
+func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (d algorithms.Decision, err error) {
+	err = l.health.do(ctx, func() (bool, error) {
+		c, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		d, err = l.inner.Take(c, key, now, cost)
+		return true, err
+	})
 	return d, err
 }
 
 func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error {
-	if !l.health.admit() {
-		return errRedisDown
-	}
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	err := l.inner.Undo(c, key, now, cost, taken)
-	cancel()
-	l.health.observe(ctx, err)
+	err := l.health.do(ctx, func() (bool, error) {
+		c, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		return true, l.inner.Undo(c, key, now, cost, taken)
+	})
 	if err == nil && l.copy != nil {
 		l.copy.Undo(ctx, key, now, cost, taken)
 	}
@@ -512,14 +514,11 @@ func (l *redisLimiter) Renew(ctx context.Context, key string, now int64, taken a
 	if !ok {
 		return fmt.Errorf("%T keeps no leases", l.inner)
 	}
-	if !l.health.admit() {
-		return errRedisDown
-	}
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	err := r.Renew(c, key, now, taken)
-	cancel()
-	l.health.observe(ctx, err)
-	return err
+	return l.health.do(ctx, func() (bool, error) {
+		c, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		return true, r.Renew(c, key, now, taken)
+	})
 }
 
 func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
@@ -541,10 +540,6 @@ func (l *redisLimiter) Reset(ctx context.Context, key string) (bool, error) {
 // on a standalone or Sentinel Redis; on a Cluster when they hash to one
 // slot). It goes through the same breaker and timeout as a single Take.
 func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result) (int, error) {
-	h := &r.client.health
-	if !h.admit() {
-		return -1, errRedisDown
-	}
 	var buf [inlineZones]redisstore.Request
 	reqs := buf[:0]
 	for i := range results {
@@ -558,8 +553,16 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 	// Redis decides by its own clock; the store's deny cache times its
 	// entries by this instance's monotonic one (the handler's now may be
 	// a test's fake clock).
-	ds, rejected, decided, err := r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
-	h.observe(ctx, err)
+	var (
+		ds       []algorithms.Decision
+		rejected int
+		decided  bool
+	)
+	err := r.client.health.do(ctx, func() (bool, error) {
+		var err error
+		ds, rejected, decided, err = r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
+		return decided, err // a request the deny cache answered says nothing of Redis
+	})
 	if err != nil {
 		return -1, err
 	}
