@@ -553,45 +553,41 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 	// Redis decides by its own clock; the store's deny cache times its
 	// entries by this instance's monotonic one (the handler's now may be
 	// a test's fake clock).
-	var (
-		ds       []algorithms.Decision
-		rejected int
-		decided  bool
-	)
+	var v redisstore.Verdict
 	err := r.client.health.do(ctx, func() (bool, error) {
 		var err error
-		ds, rejected, decided, err = r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
-		return decided, err // a request the deny cache answered says nothing of Redis
+		v, err = r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
+		return v.Decided, err // a request the deny cache answered says nothing of Redis
 	})
 	if err != nil {
 		return -1, err
 	}
 	for i := range results {
-		results[i].d, results[i].limiter = ds[i], results[i].z.limiter
+		results[i].d, results[i].limiter = v.Decisions[i], results[i].z.limiter
 	}
-	if decided {
-		r.client.follow(now, results, rejected < 0)
+	if v.Decided {
+		r.client.follow(now, v.Clock, results, v.Rejected < 0)
 	}
-	return rejected, nil
+	return v.Rejected, nil
 }
 
 // follow keeps the local copies of on_storage_error local up with what
-// Redis decided for a request read at now (charged tells whether it was
-// admitted): Redis's clock's lead, and each part's state, so that a
-// decision Redis cannot make in time goes on from where the shared state
-// stood at this instance's last decision on the key, not from a fresh key.
-// The copies follow this instance's decisions only: what other instances
-// take meanwhile, this one learns at its next decision.
-func (p *pooledRedis) follow(now int64, results []result, charged bool) {
-	led := false
+// Redis decided for a request read at now, at clock on Redis's clock (0:
+// no decision of the request carried Redis's time, see
+// redisstore.Verdict), charged telling whether it was admitted: Redis's
+// clock's lead, and each part's state, so that a decision Redis cannot
+// make in time goes on from where the shared state stood at this
+// instance's last decision on the key, not from a fresh key. The copies
+// follow this instance's decisions only: what other instances take
+// meanwhile, this one learns at its next decision.
+func (p *pooledRedis) follow(now, clock int64, results []result, charged bool) {
+	if clock != 0 {
+		p.lead.Store(clock - now)
+	}
 	for i := range results {
 		res := &results[i]
 		if storage.Skipped(res.d) {
 			continue // a zone its ban answered for: not decided
-		}
-		if !led {
-			p.lead.Store(res.d.At - now)
-			led = true
 		}
 		if res.z.local != nil && res.z.mem != nil {
 			res.z.mem.Seed(res.key, res.d, res.cost, charged && res.d.Allowed)

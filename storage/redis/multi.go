@@ -82,41 +82,86 @@ var (
 // giving back included: no request waits for Redis longer than that one
 // deadline, whatever its zones span.
 func (s *Store) TakeAll(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, err error) {
-	ds, rejected, _, err = s.Decide(ctx, now, reqs)
-	return ds, rejected, err
+	v, err := s.Decide(ctx, now, reqs)
+	return v.Decisions, v.Rejected, err
 }
 
-// Decide is TakeAll, and also reports whether Redis decided the request:
-// false when the deny cache answered it, with decisions Redis made
-// earlier (their At is then the time of that earlier decision).
-func (s *Store) Decide(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, decided bool, err error) {
+// Verdict is what Decide found for a request.
+type Verdict struct {
+	// Decisions holds one Decision per request, in order, as TakeAll
+	// returns them. Their At is not always a time: a concurrency slot's
+	// decision carries its lease id there (Undo and Renew name the lease
+	// by it). Clock is the time.
+	Decisions []algorithms.Decision
+	// Rejected is the index of the first rejecting zone that is not a
+	// dry run, or -1 when the request is admitted.
+	Rejected int
+	// Decided reports that Redis decided the request: false when the deny
+	// cache answered it, with decisions Redis made earlier.
+	Decided bool
+	// Clock is the time on Redis's clock, µs, that Redis decided the
+	// request at, as a decision that carries it shows (a rate's or a
+	// ban's; see zone.timed), or 0 when none does: the deny cache answered,
+	// or every zone was a concurrency slot or skipped for its ban. A
+	// caller that keeps Redis's clock (a local copy of its state) takes
+	// it from here only.
+	Clock int64
+}
+
+// Decide is TakeAll, which it runs, and reports what it found as a
+// Verdict: whether Redis decided the request, and Redis's clock.
+func (s *Store) Decide(ctx context.Context, now int64, reqs []Request) (Verdict, error) {
 	if len(reqs) == 0 {
-		return nil, -1, false, nil
+		return Verdict{Rejected: -1}, nil
 	}
 	parts, err := s.parts(reqs)
 	if err != nil {
-		return nil, -1, false, fmt.Errorf("redis store: take all: %w", err)
+		return Verdict{Rejected: -1}, fmt.Errorf("redis store: take all: %w", err)
 	}
 	if s.deny != nil {
-		return s.takeCached(ctx, now, parts)
+		if ds, rejected, ok := s.cached(now, parts); ok {
+			return Verdict{Decisions: ds, Rejected: rejected}, nil
+		}
 	}
-	ds, rejected, err = s.takeAll(ctx, now, parts)
-	return ds, rejected, err == nil, err
+	ds, rejected, err := s.takeAll(ctx, now, parts)
+	if err != nil {
+		return Verdict{Rejected: -1}, err
+	}
+	if s.deny != nil && rejected >= 0 && cacheable(parts, ds) {
+		s.deny.store(now, parts, ds)
+	}
+	return Verdict{Decisions: ds, Rejected: rejected, Decided: true, Clock: clockOf(parts, ds)}, nil
 }
 
-// takeCached is takeAll with a deny cache: a request the cache answers
-// costs no round trip, and a request Redis rejects is remembered.
-func (s *Store) takeCached(ctx context.Context, now int64, parts []part) ([]algorithms.Decision, int, bool, error) {
+// cached answers parts at now from the deny cache, if it can: a request
+// the cache answers costs no round trip.
+func (s *Store) cached(now int64, parts []part) ([]algorithms.Decision, int, bool) {
 	s.listen()
 	ds := make([]algorithms.Decision, len(parts))
 	if s.deny.lookup(now, parts, ds) {
-		return ds, firstRejecting(parts, ds), false, nil
+		return ds, firstRejecting(parts, ds), true
 	}
-	ds, rejected, err := s.takeAll(ctx, now, parts)
-	if err == nil && rejected >= 0 && cacheable(parts, ds) {
-		s.deny.store(now, parts, ds)
+	return nil, -1, false
+}
+
+// timed reports whether d, a decision of z, carries in d.At the time on
+// Redis's clock that Redis made it at: every decision of a rate or a ban
+// does; a concurrency slot's carries its lease id there instead
+// (concurrency.lua), and a part that its ban skipped carries nothing
+// (storage.Skipped).
+func (z *zone) timed(d algorithms.Decision) bool {
+	return z.limit.Kind != algorithms.Concurrency && !storage.Skipped(d)
+}
+
+// clockOf is the time Redis decided parts at, from the first decision
+// in ds that carries it, or 0.
+func clockOf(parts []part, ds []algorithms.Decision) int64 {
+	for i := range parts {
+		if parts[i].z.timed(ds[i]) {
+			return ds[i].At
+		}
 	}
-	return ds, rejected, err == nil, err
+	return 0
 }
 
 // cacheable reports whether a rejected request may be answered from the
