@@ -43,11 +43,12 @@ const redisFailStreak = 5
 //     caller cancelled (a client gone), says nothing about Redis.
 //
 // A call that fails without opening the breaker still gets its zone's
-// on_storage_error, for that request only.
+// on_storage_error, for that request only. Every call goes through do,
+// whose halves admit and observe are called nowhere else.
 type redisHealth struct {
 	downSince atomic.Int64 // unix ns of the failure that opened the breaker; 0 when closed
 	retryAt   atomic.Int64 // unix ns after which one call may probe
-	probing   atomic.Bool
+	probing   atomic.Bool  // a call in do holds the probe
 	streak    atomic.Int64 // failures in a row since the last answer
 	logger    *zap.Logger
 }
