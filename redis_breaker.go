@@ -43,32 +43,55 @@ const redisFailStreak = 5
 //     caller cancelled (a client gone), says nothing about Redis.
 //
 // A call that fails without opening the breaker still gets its zone's
-// on_storage_error, for that request only.
+// on_storage_error, for that request only. Every call goes through do,
+// whose halves admit and observe are called nowhere else.
 type redisHealth struct {
 	downSince atomic.Int64 // unix ns of the failure that opened the breaker; 0 when closed
 	retryAt   atomic.Int64 // unix ns after which one call may probe
-	probing   atomic.Bool
+	probing   atomic.Bool  // a call in do holds the probe
 	streak    atomic.Int64 // failures in a row since the last answer
 	logger    *zap.Logger
 }
 
-// admit reports whether a call may go to Redis now.
-func (h *redisHealth) admit() bool {
+// do makes one call to Redis through the breaker: while the breaker is
+// open it fails at once with errRedisDown, but for one call at a time
+// once the retry time has come, its probe. fn makes the call and reports
+// whether Redis itself answered it (false for a request the deny cache
+// answered, which never reached Redis) and the call's error; parent is
+// the caller's context, without the call's own timeout. Only a reply of
+// Redis's closes the breaker. The probe is taken and given back here, in
+// one function, whatever fn does (panics included): no path can hold it.
+func (h *redisHealth) do(parent context.Context, fn func() (reached bool, err error)) error {
+	probe, ok := h.admit()
+	if !ok {
+		return errRedisDown
+	}
+	if probe {
+		defer h.probing.Store(false)
+	}
+	reached, err := fn()
+	if reached || err != nil {
+		h.observe(parent, err)
+	}
+	return err
+}
+
+// admit reports whether a call may go to Redis now, and whether it is the
+// breaker's probe, which the caller must give back (see do).
+func (h *redisHealth) admit() (probe, ok bool) {
 	if h.downSince.Load() == 0 {
-		return true
+		return false, true
 	}
 	if time.Now().UnixNano() < h.retryAt.Load() {
-		return false
+		return false, false
 	}
-	return h.probing.CompareAndSwap(false, true) // one probe at a time
+	ok = h.probing.CompareAndSwap(false, true) // one probe at a time
+	return ok, ok
 }
 
 // observe records the outcome of a call that admit let through. parent is
 // the caller's context, without the call's own timeout.
 func (h *redisHealth) observe(parent context.Context, err error) {
-	if h.downSince.Load() != 0 {
-		defer h.probing.Store(false)
-	}
 	switch redisFailure(parent, err) {
 	case answered:
 		h.streak.Store(0)

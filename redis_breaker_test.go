@@ -79,18 +79,31 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 		core, logs := observer.New(zapcore.InfoLevel)
 		return &redisHealth{logger: zap.New(core)}, logs
 	}
-	call := func(h *redisHealth, err error) bool {
-		if !h.admit() {
-			return false
-		}
-		h.observe(ctx, err)
-		return true
+	// call makes one call whose outcome is err; it reports whether the
+	// breaker let it through.
+	call := func(h *redisHealth, parent context.Context, err error) bool {
+		ran := false
+		h.do(parent, func() (bool, error) {
+			ran = true
+			return true, err
+		})
+		return ran
+	}
+	// admits reports whether the breaker lets a call through now, and
+	// gives back the probe if that call took it, observing nothing.
+	admits := func(h *redisHealth) bool {
+		ran := false
+		h.do(ctx, func() (bool, error) {
+			ran = true
+			return false, nil
+		})
+		return ran
 	}
 
 	t.Run("one slow reply", func(t *testing.T) {
 		h, logs := newHealth()
-		call(h, slow)
-		if !h.admit() {
+		call(h, ctx, slow)
+		if !admits(h) {
 			t.Fatal("after one slow reply the breaker is open, want it closed")
 		}
 		if logs.Len() != 0 {
@@ -104,7 +117,7 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 			if i%redisFailStreak == redisFailStreak-1 {
 				err = nil
 			}
-			if !call(h, err) {
+			if !call(h, ctx, err) {
 				t.Fatalf("call %d: breaker open after fewer than %d failures in a row", i, redisFailStreak)
 			}
 		}
@@ -112,28 +125,28 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 	t.Run("a streak of slow replies", func(t *testing.T) {
 		h, logs := newHealth()
 		for i := 0; i < redisFailStreak; i++ {
-			if !call(h, slow) {
+			if !call(h, ctx, slow) {
 				t.Fatalf("call %d: breaker open before %d failures in a row", i, redisFailStreak)
 			}
 		}
-		if h.admit() {
+		if admits(h) {
 			t.Fatalf("after %d failures in a row the breaker is closed, want open", redisFailStreak)
 		}
 		if logs.Len() != 1 || logs.All()[0].Level != zapcore.ErrorLevel {
 			t.Fatalf("logs: %v, want one error line", logs.All())
 		}
 		h.retryAt.Store(0) // the retry time has come
-		if !call(h, nil) {
+		if !call(h, ctx, nil) {
 			t.Fatal("probe not admitted after the retry time")
 		}
-		if !h.admit() || logs.Len() != 2 || logs.All()[1].Level != zapcore.InfoLevel {
-			t.Fatalf("after a good probe: admit %v, logs %v; want closed and one info line", h.admit(), logs.All())
+		if !admits(h) || logs.Len() != 2 || logs.All()[1].Level != zapcore.InfoLevel {
+			t.Fatalf("after a good probe: admit %v, logs %v; want closed and one info line", admits(h), logs.All())
 		}
 	})
 	t.Run("refused", func(t *testing.T) {
 		h, _ := newHealth()
-		call(h, refused)
-		if h.admit() {
+		call(h, ctx, refused)
+		if admits(h) {
 			t.Fatal("after a refused connection the breaker is closed, want open")
 		}
 	})
@@ -142,26 +155,102 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 		gone, cancel := context.WithCancel(ctx)
 		cancel()
 		for i := 0; i < 3*redisFailStreak; i++ {
-			if !h.admit() {
+			if !call(h, ctx, goredis.ErrPoolTimeout) || !call(h, gone, context.Canceled) {
 				t.Fatalf("call %d: breaker open on failures that are not Redis's", i)
 			}
-			h.observe(ctx, goredis.ErrPoolTimeout)
-			h.observe(gone, context.Canceled)
 		}
 	})
 	t.Run("one probe at a time", func(t *testing.T) {
 		h, _ := newHealth()
-		call(h, refused)
+		call(h, ctx, refused)
 		h.retryAt.Store(0)
-		if !h.admit() {
+		ran := false
+		h.do(ctx, func() (bool, error) {
+			ran = true
+			if admits(h) {
+				t.Error("second concurrent probe admitted")
+			}
+			return true, slow // the probe failed: stays open, retry later
+		})
+		if !ran {
 			t.Fatal("first probe not admitted")
 		}
-		if h.admit() {
-			t.Fatal("second concurrent probe admitted")
-		}
-		h.observe(ctx, slow) // the probe failed: stays open, retry later
-		if h.admit() {
+		if admits(h) {
 			t.Fatal("after a failed probe the breaker is closed, want open until the next retry time")
+		}
+	})
+}
+
+// TestRedisBreakerProbeAlwaysGoesBack: the breaker's one probe is taken
+// and given back by one function, so no call can keep it, and only
+// Redis's own reply closes the breaker (issue 27, item 1). Before, a call
+// that took the probe and did not report back (a reset's follow) kept the
+// breaker open for good; a request the deny cache answered closed it; and
+// a call admitted before the breaker opened gave back the probe another
+// call held, letting a second probe through.
+func TestRedisBreakerProbeAlwaysGoesBack(t *testing.T) {
+	ctx := context.Background()
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	opened := func() *redisHealth {
+		h := &redisHealth{logger: zap.NewNop()}
+		h.do(ctx, func() (bool, error) { return true, refused })
+		h.retryAt.Store(0) // the retry time has come
+		return h
+	}
+	probes := func(h *redisHealth) bool { // takes and gives back the probe
+		ran := false
+		h.do(ctx, func() (bool, error) { ran = true; return false, nil })
+		return ran
+	}
+
+	t.Run("not answered by Redis", func(t *testing.T) {
+		h := opened()
+		// A probe that a deny cache answered: no round trip.
+		if err := h.do(ctx, func() (bool, error) { return false, nil }); err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+		if h.downSince.Load() == 0 {
+			t.Error("a call Redis did not answer closed the breaker")
+		}
+		if !probes(h) {
+			t.Error("the probe did not go back: no call can probe any more")
+		}
+	})
+	t.Run("a call that panics", func(t *testing.T) {
+		h := opened()
+		func() {
+			defer func() { _ = recover() }()
+			h.do(ctx, func() (bool, error) { panic("in the call") })
+		}()
+		if !probes(h) {
+			t.Error("the probe did not go back after a panic")
+		}
+	})
+	t.Run("a call that never held it", func(t *testing.T) {
+		h := &redisHealth{logger: zap.NewNop()}
+		admitted, release := make(chan struct{}), make(chan struct{})
+		done := make(chan struct{})
+		go func() { // admitted while closed; ends while another probes
+			defer close(done)
+			h.do(ctx, func() (bool, error) {
+				close(admitted)
+				<-release
+				return true, context.DeadlineExceeded
+			})
+		}()
+		<-admitted
+		h.do(ctx, func() (bool, error) { return true, refused }) // opens
+		h.retryAt.Store(0)
+		h.do(ctx, func() (bool, error) { // the probe, in flight
+			close(release)
+			<-done
+			if probes(h) {
+				t.Error("a second probe went through while the first was in flight: a call that never held the probe gave it back")
+			}
+			return true, nil
+		})
+		if h.downSince.Load() != 0 || !probes(h) {
+			t.Error("after the probe's answer the breaker is open, want closed")
 		}
 	})
 }

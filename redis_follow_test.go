@@ -295,3 +295,55 @@ func TestReloadLetsGoOfResetHooks(t *testing.T) {
 		t.Errorf("a reset made %d reads of Redis, want 1: the handlers the reloads replaced still follow resets", n)
 	}
 }
+
+// TestLocalCopiesKeepRedisClockBesideAConcurrencyZone: the local copies
+// of on_storage_error local keep Redis's clock, its lead over this
+// instance's set from the decisions Redis makes. A concurrency slot's
+// decision carries its lease id where the others carry Redis's time, and
+// when a request's first part was one, the lead was set from the lease id
+// (issue 27, item 2): off by up to centuries, so that with Redis frozen a
+// client Redis had spent was admitted again (copies in the future), or,
+// about one time in five, the copies ran in the past and refused more than
+// the limit. Redis runs on this machine, by this machine's clock: the lead
+// is a few ms, here bounded by a minute.
+func TestLocalCopiesKeepRedisClockBesideAConcurrencyZone(t *testing.T) {
+	srv := redistest.Start(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(redisSiteWithTimeout(srv.Addr, "100ms", `
+			zone clock_slots {
+				key {http.request.header.X-Client}
+				concurrency 5
+			}
+			zone clock_rate {
+				key {http.request.header.X-Client}
+				events 3
+				window 1000h
+			}`), "caddyfile")
+	const client = "X-Client: spent-beside-slots"
+	for i := 1; i <= 3; i++ {
+		if resp, _ := get(t, tester, "/", client); resp.StatusCode != 200 {
+			t.Fatalf("request %d of 3 through Redis: status %d, want 200", i, resp.StatusCode)
+		}
+	}
+	// The lead is over the handler's clock (a test's fake one).
+	var lead, want int64
+	live.mu.Lock()
+	for _, h := range live.handlers {
+		if h.redis != nil && h.redis.client != nil {
+			lead, want = h.redis.client.lead.Load(), time.Now().UnixMicro()-h.now()
+		}
+	}
+	live.mu.Unlock()
+	if off := time.Duration(lead-want) * time.Microsecond; off < -time.Minute || off > time.Minute {
+		t.Errorf("Redis's clock lead over this instance's, Redis on the same machine: off by %s, want within a minute (read from a lease id)", off)
+	}
+
+	srv.Pause()
+	defer srv.Resume()
+	if resp, _ := get(t, tester, "/", client); resp.StatusCode != 429 {
+		t.Errorf("with Redis frozen, a client Redis has spent: status %d, want 429", resp.StatusCode)
+	}
+	if resp, _ := get(t, tester, "/", "X-Client: new-beside-slots"); resp.StatusCode != 200 {
+		t.Errorf("with Redis frozen, a client Redis never saw: status %d, want 200", resp.StatusCode)
+	}
+}

@@ -466,18 +466,23 @@ func (l *redisLimiter) resetCopy(key string) {
 	}
 	go func() {
 		defer func() { <-l.resets }()
-		if !l.health.admit() {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-		defer cancel()
-		d, held, err := l.inner.Peek(ctx, key, monotonicMicros())
+		var (
+			d    algorithms.Decision
+			held bool
+		)
+		err := l.health.do(context.Background(), func() (bool, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+			defer cancel()
+			var err error
+			d, held, err = l.inner.Peek(ctx, key, monotonicMicros())
+			return true, err
+		})
 		switch {
 		case err != nil:
 		case held:
 			l.copy.Reseed(key, d) // a reset takes the copy back: not a merge
 		default:
-			_, _ = l.copy.Reset(ctx, key)
+			_, _ = l.copy.Reset(context.Background(), key)
 		}
 	}()
 }
@@ -485,25 +490,22 @@ func (l *redisLimiter) resetCopy(key string) {
 // followedResets is how many resets a zone's copy follows at once.
 const followedResets = 64
 
-func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (algorithms.Decision, error) {
-	if !l.health.admit() {
-		return algorithms.Decision{}, errRedisDown
-	}
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	d, err := l.inner.Take(c, key, now, cost)
-	cancel()
-	l.health.observe(ctx, err)
+func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (d algorithms.Decision, err error) {
+	err = l.health.do(ctx, func() (bool, error) {
+		c, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		d, err = l.inner.Take(c, key, now, cost)
+		return true, err
+	})
 	return d, err
 }
 
 func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error {
-	if !l.health.admit() {
-		return errRedisDown
-	}
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	err := l.inner.Undo(c, key, now, cost, taken)
-	cancel()
-	l.health.observe(ctx, err)
+	err := l.health.do(ctx, func() (bool, error) {
+		c, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		return true, l.inner.Undo(c, key, now, cost, taken)
+	})
 	if err == nil && l.copy != nil {
 		l.copy.Undo(ctx, key, now, cost, taken)
 	}
@@ -516,14 +518,11 @@ func (l *redisLimiter) Renew(ctx context.Context, key string, now int64, taken a
 	if !ok {
 		return fmt.Errorf("%T keeps no leases", l.inner)
 	}
-	if !l.health.admit() {
-		return errRedisDown
-	}
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	err := r.Renew(c, key, now, taken)
-	cancel()
-	l.health.observe(ctx, err)
-	return err
+	return l.health.do(ctx, func() (bool, error) {
+		c, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		return true, r.Renew(c, key, now, taken)
+	})
 }
 
 func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
@@ -545,10 +544,6 @@ func (l *redisLimiter) Reset(ctx context.Context, key string) (bool, error) {
 // on a standalone or Sentinel Redis; on a Cluster when they hash to one
 // slot). It goes through the same breaker and timeout as a single Take.
 func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result) (int, error) {
-	h := &r.client.health
-	if !h.admit() {
-		return -1, errRedisDown
-	}
 	var buf [inlineZones]redisstore.Request
 	reqs := buf[:0]
 	for i := range results {
@@ -562,37 +557,41 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 	// Redis decides by its own clock; the store's deny cache times its
 	// entries by this instance's monotonic one (the handler's now may be
 	// a test's fake clock).
-	ds, rejected, decided, err := r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
-	h.observe(ctx, err)
+	var v redisstore.Verdict
+	err := r.client.health.do(ctx, func() (bool, error) {
+		var err error
+		v, err = r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
+		return v.Decided, err // a request the deny cache answered says nothing of Redis
+	})
 	if err != nil {
 		return -1, err
 	}
 	for i := range results {
-		results[i].d, results[i].limiter = ds[i], results[i].z.limiter
+		results[i].d, results[i].limiter = v.Decisions[i], results[i].z.limiter
 	}
-	if decided {
-		r.client.follow(now, results, rejected < 0)
+	if v.Decided {
+		r.client.follow(now, v.Clock, results, v.Rejected < 0)
 	}
-	return rejected, nil
+	return v.Rejected, nil
 }
 
 // follow keeps the local copies of on_storage_error local up with what
-// Redis decided for a request read at now (charged tells whether it was
-// admitted): Redis's clock's lead, and each part's state, so that a
-// decision Redis cannot make in time goes on from where the shared state
-// stood at this instance's last decision on the key, not from a fresh key.
-// The copies follow this instance's decisions only: what other instances
-// take meanwhile, this one learns at its next decision.
-func (p *pooledRedis) follow(now int64, results []result, charged bool) {
-	led := false
+// Redis decided for a request read at now, at clock on Redis's clock (0:
+// no decision of the request carried Redis's time, see
+// redisstore.Verdict), charged telling whether it was admitted: Redis's
+// clock's lead, and each part's state, so that a decision Redis cannot
+// make in time goes on from where the shared state stood at this
+// instance's last decision on the key, not from a fresh key. The copies
+// follow this instance's decisions only: what other instances take
+// meanwhile, this one learns at its next decision.
+func (p *pooledRedis) follow(now, clock int64, results []result, charged bool) {
+	if clock != 0 {
+		p.lead.Store(clock - now)
+	}
 	for i := range results {
 		res := &results[i]
 		if storage.Skipped(res.d) {
 			continue // a zone its ban answered for: not decided
-		}
-		if !led {
-			p.lead.Store(res.d.At - now)
-			led = true
 		}
 		if res.z.local != nil && res.z.mem != nil {
 			res.z.mem.Seed(res.key, res.d, res.cost, charged && res.d.Allowed)

@@ -215,7 +215,8 @@ func TestDecideReportsWhoDecided(t *testing.T) {
 			rejected int
 			decided  bool
 		}{{-1, true}, {0, true}, {0, !cache}} {
-			_, r, decided, err := s.Decide(context.Background(), epoch, reqs)
+			v, err := s.Decide(context.Background(), epoch, reqs)
+			r, decided := v.Rejected, v.Decided
 			if err != nil || r != want.rejected || decided != want.decided {
 				t.Fatalf("cache %v, request %d: rejected %d, decided %v, %v; want %d, %v", cache, i, r, decided, err, want.rejected, want.decided)
 			}

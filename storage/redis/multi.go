@@ -75,45 +75,93 @@ var (
 // decided exactly as the zone's Take decides it.
 //
 // When err is not nil, the request is undecided, and TakeAll has given
-// back what it took (as far as Redis answered; a charge it could not give
+// back what it took, or left it to give back in the background if its
+// deadline came first (as far as Redis answers; a charge it could not give
 // back expires with its key); the caller may decide zone by zone instead.
-// A deadline of ctx bounds the decision; giving back gets as long again.
+// A deadline of ctx bounds the whole decision, every round trip of it
+// giving back included: no request waits for Redis longer than that one
+// deadline, whatever its zones span.
 func (s *Store) TakeAll(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, err error) {
-	ds, rejected, _, err = s.Decide(ctx, now, reqs)
-	return ds, rejected, err
+	v, err := s.Decide(ctx, now, reqs)
+	return v.Decisions, v.Rejected, err
 }
 
-// Decide is TakeAll, and also reports whether Redis decided the request:
-// false when the deny cache answered it, with decisions Redis made
-// earlier (their At is then the time of that earlier decision).
-func (s *Store) Decide(ctx context.Context, now int64, reqs []Request) (ds []algorithms.Decision, rejected int, decided bool, err error) {
+// Verdict is what Decide found for a request.
+type Verdict struct {
+	// Decisions holds one Decision per request, in order, as TakeAll
+	// returns them. Their At is not always a time: a concurrency slot's
+	// decision carries its lease id there (Undo and Renew name the lease
+	// by it). Clock is the time.
+	Decisions []algorithms.Decision
+	// Rejected is the index of the first rejecting zone that is not a
+	// dry run, or -1 when the request is admitted.
+	Rejected int
+	// Decided reports that Redis decided the request: false when the deny
+	// cache answered it, with decisions Redis made earlier.
+	Decided bool
+	// Clock is the time on Redis's clock, µs, that Redis decided the
+	// request at, as a decision that carries it shows (a rate's or a
+	// ban's; see zone.timed), or 0 when none does: the deny cache answered,
+	// or every zone was a concurrency slot or skipped for its ban. A
+	// caller that keeps Redis's clock (a local copy of its state) takes
+	// it from here only.
+	Clock int64
+}
+
+// Decide is TakeAll, which it runs, and reports what it found as a
+// Verdict: whether Redis decided the request, and Redis's clock.
+func (s *Store) Decide(ctx context.Context, now int64, reqs []Request) (Verdict, error) {
 	if len(reqs) == 0 {
-		return nil, -1, false, nil
+		return Verdict{Rejected: -1}, nil
 	}
 	parts, err := s.parts(reqs)
 	if err != nil {
-		return nil, -1, false, fmt.Errorf("redis store: take all: %w", err)
+		return Verdict{Rejected: -1}, fmt.Errorf("redis store: take all: %w", err)
 	}
 	if s.deny != nil {
-		return s.takeCached(ctx, now, parts)
+		if ds, rejected, ok := s.cached(now, parts); ok {
+			return Verdict{Decisions: ds, Rejected: rejected}, nil
+		}
 	}
-	ds, rejected, err = s.takeAll(ctx, now, parts)
-	return ds, rejected, err == nil, err
+	ds, rejected, err := s.takeAll(ctx, now, parts)
+	if err != nil {
+		return Verdict{Rejected: -1}, err
+	}
+	if s.deny != nil && rejected >= 0 && cacheable(parts, ds) {
+		s.deny.store(now, parts, ds)
+	}
+	return Verdict{Decisions: ds, Rejected: rejected, Decided: true, Clock: clockOf(parts, ds)}, nil
 }
 
-// takeCached is takeAll with a deny cache: a request the cache answers
-// costs no round trip, and a request Redis rejects is remembered.
-func (s *Store) takeCached(ctx context.Context, now int64, parts []part) ([]algorithms.Decision, int, bool, error) {
+// cached answers parts at now from the deny cache, if it can: a request
+// the cache answers costs no round trip.
+func (s *Store) cached(now int64, parts []part) ([]algorithms.Decision, int, bool) {
 	s.listen()
 	ds := make([]algorithms.Decision, len(parts))
 	if s.deny.lookup(now, parts, ds) {
-		return ds, firstRejecting(parts, ds), false, nil
+		return ds, firstRejecting(parts, ds), true
 	}
-	ds, rejected, err := s.takeAll(ctx, now, parts)
-	if err == nil && rejected >= 0 && cacheable(parts, ds) {
-		s.deny.store(now, parts, ds)
+	return nil, -1, false
+}
+
+// timed reports whether d, a decision of z, carries in d.At the time on
+// Redis's clock that Redis made it at: every decision of a rate or a ban
+// does; a concurrency slot's carries its lease id there instead
+// (concurrency.lua), and a part that its ban skipped carries nothing
+// (storage.Skipped).
+func (z *zone) timed(d algorithms.Decision) bool {
+	return z.limit.Kind != algorithms.Concurrency && !storage.Skipped(d)
+}
+
+// clockOf is the time Redis decided parts at, from the first decision
+// in ds that carries it, or 0.
+func clockOf(parts []part, ds []algorithms.Decision) int64 {
+	for i := range parts {
+		if parts[i].z.timed(ds[i]) {
+			return ds[i].At
+		}
 	}
-	return ds, rejected, err == nil, err
+	return 0
 }
 
 // cacheable reports whether a rejected request may be answered from the
@@ -166,7 +214,7 @@ func (s *Store) takeAll(ctx context.Context, now int64, parts []part) (ds []algo
 		return nil, -1, fmt.Errorf("redis store: take all: %w", err)
 	}
 	groups := s.groups(parts)
-	budget := time.Duration(-1)
+	budget := time.Duration(0) // the request's, for what settle leaves to the background
 	if dl, ok := ctx.Deadline(); ok && len(groups) > 1 {
 		budget = time.Until(dl)
 	}
@@ -282,29 +330,34 @@ func blocked(parts []part, g []int, ds []algorithms.Decision) bool {
 
 // settle finishes a request that a group rejected or failed on: it gives
 // back what the groups taken took and checks the groups later, filling in
-// their Decisions. It runs even when ctx is done, for as long as ctx had
-// at the start (budget; unbounded if ctx had no deadline).
+// their Decisions. It runs even when ctx is cancelled (its caller gone:
+// what was taken must still be given back), but within ctx's deadline,
+// the request's one budget for the store, never a second one after it
+// (before, a decision across slots could wait twice its timeout). A
+// group that the deadline leaves no time to give back is given back in
+// the background, with budget (as long as the request had) of its own,
+// while the request goes on without waiting for it: until then its zone
+// looks fuller than it is, which errs towards rejecting. A give-back that
+// was sent and got no reply in time is not sent again (it may have run,
+// and giving back twice would admit more than the limit): its charge
+// expires with its key.
 func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, parts []part, taken, later [][]int, ds []algorithms.Decision) error {
-	ctx = context.WithoutCancel(ctx)
-	if budget > 0 {
+	if dl, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, budget)
+		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
 		defer cancel()
+	} else {
+		ctx = context.WithoutCancel(ctx)
 	}
 	var errs []error
-	for _, g := range taken {
-		for _, i := range g {
-			switch {
-			case storage.Skipped(ds[i]) && parts[i].op == opCheckNever:
-				parts[i].op = opSkipNever
-			case storage.Skipped(ds[i]):
-				parts[i].op = opSkip
-			case ds[i].Allowed && parts[i].x > 0:
-				parts[i].op = opUndo
-			}
+	for k, g := range taken {
+		if ctx.Err() != nil {
+			s.giveBackLater(budget, now, parts, taken[k:], ds)
+			errs = append(errs, fmt.Errorf("giving back: %w (left to the background)", ctx.Err()))
+			break
 		}
-		if err := s.runGroup(ctx, multiCheck, now, parts, g, ds); err != nil {
-			errs = append(errs, fmt.Errorf("giving back: %w", err))
+		if err := s.giveBack(ctx, now, parts, g, ds); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	for _, g := range later {
@@ -316,6 +369,52 @@ func (s *Store) settle(ctx context.Context, budget time.Duration, now int64, par
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// giveBack gives back what group g took, ds holding the decisions that
+// charged it, and stores there what each zone holds since.
+func (s *Store) giveBack(ctx context.Context, now int64, parts []part, g []int, ds []algorithms.Decision) error {
+	for _, i := range g {
+		switch {
+		case storage.Skipped(ds[i]) && parts[i].op == opCheckNever:
+			parts[i].op = opSkipNever
+		case storage.Skipped(ds[i]):
+			parts[i].op = opSkip
+		case ds[i].Allowed && parts[i].x > 0:
+			parts[i].op = opUndo
+		}
+	}
+	if err := s.runGroup(ctx, multiCheck, now, parts, g, ds); err != nil {
+		return fmt.Errorf("giving back: %w", err)
+	}
+	return nil
+}
+
+// lateGiveBacks is how many requests' give-backs a store runs in the
+// background at once (see settle); past it, a charge expires with its key.
+const lateGiveBacks = 64
+
+// giveBackLater gives back the groups taken in a goroutine of its own,
+// bounded by budget, on copies of parts and ds (the caller keeps its own).
+// It does not block.
+func (s *Store) giveBackLater(budget time.Duration, now int64, parts []part, taken [][]int, ds []algorithms.Decision) {
+	if budget <= 0 {
+		return
+	}
+	select {
+	case s.late <- struct{}{}:
+	default:
+		return
+	}
+	parts, ds = slices.Clone(parts), slices.Clone(ds)
+	go func() {
+		defer func() { <-s.late }()
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		for _, g := range taken {
+			_ = s.giveBack(ctx, now, parts, g, ds)
+		}
+	}()
 }
 
 // runGroup runs multi.lua (what: multiDecide or multiCheck) on the parts of

@@ -80,7 +80,8 @@ type Store struct {
 	mu         sync.Mutex // guards stopListen and closed
 	stopListen func()
 	closed     bool
-	resets     resetHooks // what resets the store hears of call (OnReset)
+	resets     resetHooks    // what resets the store hears of call (OnReset)
+	late       chan struct{} // bounds the give-backs run in the background (see settle)
 	// group is how TakeAll splits a request's keys into the groups that
 	// one script can decide together (see grouping).
 	group grouping
@@ -101,7 +102,7 @@ type Store struct {
 // *goredis.ClusterClient runs one script per Cluster slot; any other
 // client (a Ring, a wrapper) one per hash tag, since a Ring shards by tag.
 func New(client Client, prefix string) *Store {
-	s := &Store{client: client, run: direct{client: client}, prefix: prefix, group: byTag}
+	s := &Store{client: client, run: direct{client: client}, prefix: prefix, group: byTag, late: make(chan struct{}, lateGiveBacks)}
 	switch client.(type) {
 	case *goredis.Client:
 		s.group = oneServer
