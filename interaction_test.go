@@ -245,6 +245,14 @@ func (u *ixUpstream) releaseHold(id string) bool {
 	return false
 }
 
+// holds reports whether the upstream still runs request id.
+func (u *ixUpstream) holds(id string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	_, ok := u.held[id]
+	return ok
+}
+
 func (u *ixUpstream) violation() string {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -531,6 +539,15 @@ func (r *ixRun) end(n int, leave bool) {
 		r.failf("held request %s did not end", h.id)
 	}
 	h.cancel()
+	// A client that leaves ends the proxied request at once, and Caddy
+	// frees its slot, while the upstream may not have seen the connection
+	// close yet: what it counts in flight waits for it.
+	for deadline := time.Now().Add(10 * time.Second); r.up.holds(h.id); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			r.failf("the upstream still holds request %s", h.id)
+			break
+		}
+	}
 }
 
 func (r *ixRun) admin(method, path string) int {
