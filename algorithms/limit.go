@@ -128,6 +128,10 @@ type Limit struct {
 	Tau int64
 	// Hold is how long a Ban lasts, in µs; 0 for every other kind.
 	Hold int64
+	// Calendar, for a fixed_window made by NewCalendarLimit, aligns its
+	// windows to the calendar; Window is then the nominal length (see
+	// Calendar.Nominal). The zero Calendar aligns windows to the epoch.
+	Calendar Calendar
 }
 
 // NewLimit validates a limit and derives its constants. burst 0 means
@@ -239,15 +243,19 @@ func CostMilli(cost float64) (int64, bool) {
 //	token_bucket, leaky_bucket: At = last refill/leak (µs), Level = debt in ticks
 //	gcra:                       the theoretical arrival time: At µs + Level ticks (0 <= Level < Scale)
 //	fixed_window:               At = window start, Level = count (milli)
+//	  with a calendar:          the same, and Prev = window end (µs)
 //	sliding_window:             At = window start, Level = count, Prev = previous window's count
 //	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many
 //
-// A sliding_log's ring grows with its entries, from none.
+// Grant is extra quota given to the key for its current window (see
+// Limit.Grant), in milli-units; it ends with the window. A sliding_log's
+// ring grows with its entries, from none.
 type State struct {
 	At    int64
 	Level int64
 	Prev  int64
 	Head  int64
+	Grant int64
 	Log   []int64
 }
 
@@ -281,18 +289,40 @@ type Decision struct {
 // Take decides one request of cost milli-units at now and, if it is
 // admitted, charges it to s. A rejected request leaves s as it was, apart
 // from bringing it up to date with now (expired entries dropped, windows
-// rolled), which changes no decision.
+// rolled), which changes no decision. For a calendar window it is
+// shorthand for TakeIn(s, l.Calendar.Span(now), now, cost).
 func (l *Limit) Take(s *State, now, cost int64) Decision {
-	return l.decide(s, now, cost, true)
+	d, _ := l.TakeIn(s, l.Calendar.Span(now), now, cost)
+	return d
 }
 
 // Peek reports what Take would decide for cost at now without charging it.
 // It may bring s up to date with now, as Take does.
 func (l *Limit) Peek(s *State, now, cost int64) Decision {
-	return l.decide(s, now, cost, false)
+	d, _ := l.PeekIn(s, l.Calendar.Span(now), now, cost)
+	return d
 }
 
-func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
+// TakeIn is Take with the calendar window's bounds given: sp, computed on
+// any clock near the one now is read on (see Span). When s's window is
+// over and sp holds neither its period nor now, TakeIn decides nothing and
+// returns ErrOutsideSpan. A limit without a calendar ignores sp.
+func (l *Limit) TakeIn(s *State, sp Span, now, cost int64) (Decision, error) {
+	if !l.holds(s, sp, now) {
+		return Decision{}, ErrOutsideSpan
+	}
+	return l.decide(s, now, cost, true, sp), nil
+}
+
+// PeekIn is Peek with the calendar window's bounds given, as TakeIn.
+func (l *Limit) PeekIn(s *State, sp Span, now, cost int64) (Decision, error) {
+	if !l.holds(s, sp, now) {
+		return Decision{}, ErrOutsideSpan
+	}
+	return l.decide(s, now, cost, false, sp), nil
+}
+
+func (l *Limit) decide(s *State, now, cost int64, commit bool, sp Span) Decision {
 	switch l.Kind {
 	case Concurrency:
 		return l.slots(s, now, commit)
@@ -301,7 +331,7 @@ func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
 	}
 	cost = max(cost, 0) // a negative cost would credit the key
 	if cost > l.Capacity() {
-		d := l.decide(s, now, 0, false)
+		d := l.decide(s, now, 0, false, sp)
 		d.Allowed, d.Wait, d.Delay = false, Never, 0
 		return d
 	}
@@ -311,6 +341,9 @@ func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
 	case GCRA:
 		return l.gcra(s, now, cost, commit)
 	case FixedWindow:
+		if l.Calendar.Unit != NoUnit {
+			return l.fixedPeriod(s, now, cost, commit, sp)
+		}
 		return l.fixedWindow(s, now, cost, commit)
 	case SlidingWindow:
 		return l.slidingWindow(s, now, cost, commit)

@@ -24,9 +24,15 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 	case GCRA:
 		l.setTAT(s, d.At, l.seedDebt(d))
 	case FixedWindow:
-		s.At, s.Level, s.Prev = d.At-d.At%l.Window, 0, 0
+		s.At, s.Level, s.Prev, s.Grant = d.At-d.At%l.Window, 0, 0, 0
+		if l.Calendar.Unit != NoUnit {
+			p := l.Calendar.Period(d.At)
+			s.At, s.Prev = p.Start, p.End
+		}
 		if d.Reset > 0 {
-			s.Level = l.seedUsed(d)
+			// The most room Remaining allows; beyond the limit, a grant.
+			room, limit := (d.Remaining+1)*Milli-1, l.Events*Milli
+			s.Level, s.Grant = max(0, limit-room), max(0, room-limit)
 		}
 	case SlidingWindow:
 		l.seedSliding(s, d, cost, charged)

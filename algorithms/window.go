@@ -25,6 +25,7 @@ func (l *Limit) roll(s *State, now int64) int64 {
 		}
 		s.Level = 0
 		s.At = start
+		s.Grant = 0
 	}
 	return now
 }
@@ -32,8 +33,46 @@ func (l *Limit) roll(s *State, now int64) int64 {
 // fixedWindow: At = window start, Level = count in the window.
 func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool) Decision {
 	now = l.roll(s, now)
-	limit := l.Events * Milli
-	toNext := s.At + l.Window - now
+	return l.fixed(s, now, cost, commit, s.At+l.Window-now)
+}
+
+// holds reports whether a decision on s at now can be made with sp: for
+// a calendar window, whether the state's window still holds now (the
+// clock held, as roll holds it) or sp holds it.
+func (l *Limit) holds(s *State, sp Span, now int64) bool {
+	if l.Kind != FixedWindow || l.Calendar.Unit == NoUnit {
+		return true
+	}
+	now = max(now, s.At)
+	return now < s.Prev || (sp.Start <= now && now < sp.End)
+}
+
+// rollPeriod brings a calendar window's state up to date with now: when
+// its window is over, the period of sp that holds now starts (holds has
+// checked there is one). As roll, it holds a clock that ran backwards.
+func (l *Limit) rollPeriod(s *State, now int64, sp Span) int64 {
+	now = max(now, s.At)
+	if now >= s.Prev {
+		s.At, s.Prev = sp.Start, sp.Mid
+		if now >= sp.Mid {
+			s.At, s.Prev = sp.Mid, sp.End
+		}
+		s.Level, s.Grant = 0, 0
+	}
+	return now
+}
+
+// fixedPeriod is fixedWindow on a calendar: At = window start, Prev =
+// window end, Level = count in the window.
+func (l *Limit) fixedPeriod(s *State, now, cost int64, commit bool, sp Span) Decision {
+	now = l.rollPeriod(s, now, sp)
+	return l.fixed(s, now, cost, commit, s.Prev-now)
+}
+
+// fixed decides a fixed window whose state is up to date with now and
+// whose window ends toNext µs after now.
+func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64) Decision {
+	limit := l.Events*Milli + s.Grant
 	if s.Level+cost > limit {
 		return Decision{Remaining: (limit - s.Level) / Milli, Reset: toNext, Wait: toNext, At: now}
 	}
@@ -41,7 +80,7 @@ func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool) Decision {
 		s.Level += cost
 	}
 	d := Decision{Allowed: true, Remaining: (limit - s.Level) / Milli, At: now}
-	if s.Level > 0 {
+	if s.Level > 0 || s.Grant > 0 {
 		d.Reset = toNext
 	}
 	return d
@@ -55,7 +94,7 @@ func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool) Decision {
 // twin compares them in 26-bit limbs), so that no rounding admits more.
 func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 	now = l.roll(s, now)
-	limit := l.Events * Milli
+	limit := l.Events*Milli + s.Grant
 	e := now - s.At
 	toNext := l.Window - e
 	weighted := l.weight(s.Prev, toNext)
@@ -82,7 +121,7 @@ func (l *Limit) slidingReset(s *State, toNext int64) int64 {
 	switch {
 	case s.Level > 0:
 		return toNext + l.Window
-	case s.Prev > 0:
+	case s.Prev > 0 || s.Grant > 0:
 		return toNext
 	}
 	return 0
@@ -132,13 +171,13 @@ func mulCmp(a, b, c, d int64) int {
 // is too full, into the next window until this window's weight has.
 func (l *Limit) slidingWait(s *State, e, cost int64) int64 {
 	limit := l.Events * Milli
-	if room := limit - s.Level - cost; room >= 0 {
+	if room := limit + s.Grant - s.Level - cost; room >= 0 {
 		// It fits at the latest at the next window start (the weight is 0
 		// at e' = W) and not now, at e.
 		return l.decayed(s.Prev, room, e+1) - e
 	}
-	// Next window: this window's count is the previous one, and the
-	// current one is empty.
+	// Next window: this window's count is the previous one, the current
+	// one is empty, and the grant has ended.
 	return l.Window - e + l.decayed(s.Level, limit-cost, 0)
 }
 
@@ -165,6 +204,14 @@ func (l *Limit) decayed(prev, room, lo int64) int64 {
 // longer counts is forgotten already; giving it to a later window would
 // mint quota.
 func (l *Limit) windowUndo(s *State, now, cost int64, taken Decision) {
+	if l.Calendar.Unit != NoUnit {
+		// Only the state's own window: a later one needs no bounds to
+		// know it was not charged.
+		if max(now, s.At) < s.Prev && s.At <= taken.At && taken.At < s.Prev {
+			s.Level = max(0, s.Level-cost)
+		}
+		return
+	}
 	l.roll(s, now)
 	charged := taken.At - taken.At%l.Window
 	switch {
