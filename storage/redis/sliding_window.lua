@@ -1,7 +1,9 @@
 -- sliding_window.lua: the twin of Limit.slidingWindow. The state is a hash
 -- {at = window start, level = this window's count, prev = the previous
--- window's count}, counts in milli-units.
--- x = cost in milli-units; c1 window w in µs, c2 limit (events * 1000).
+-- window's count, grant = quota granted for this window (absent when
+-- none)}, counts in milli-units.
+-- x = cost in milli-units, or for op 'g' the amount granted; c1 window w
+-- in µs, c2 limit (events * 1000).
 
 -- mulcmp is mulCmp: it compares a*b with c*d exactly, for integers in
 -- [0, 2^52), by splitting each factor into 26-bit limbs (each partial
@@ -30,16 +32,26 @@ local function mulcmp(a, b, c, d)
 	return 0
 end
 
-local function slidingwindow(key, op, now, x, ta, _, w, limit)
+local function slidingwindow(key, op, now, x, ta, _, w, base)
 	local commit, write, never = mode(op)
 	local raw = now
-	local s = redis.call('HMGET', key, 'at', 'level', 'prev')
+	local s = redis.call('HMGET', key, 'at', 'level', 'prev', 'grant')
 	if op == 'p' and not s[1] then
 		return nil
 	end
 	local before = tonumber(s[1]) or 0
+	local grant = tonumber(s[4]) or 0
+	local g0 = grant
 	local at, level, prev
 	now, at, level, prev = roll(now, before, tonumber(s[2]) or 0, tonumber(s[3]) or 0, w)
+	if at ~= before then
+		grant = 0 -- a grant ends with its window
+	end
+	if op == 'g' then
+		grant = math.min(grant + x, maxgrant)
+		x, write = 1000, true
+	end
+	local limit = base + grant
 	local e = now - at
 	local tonext = w - e
 
@@ -47,14 +59,18 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	local function fresh()
 		if level > 0 then
 			return tonext + w
-		elseif prev > 0 then
+		elseif prev > 0 or grant > 0 then
 			return tonext
 		end
 		return 0
 	end
 
 	local function persist()
-		save(key, fresh(), now - raw, 'at', at, 'level', level, 'prev', prev)
+		if grant ~= g0 then
+			save(key, fresh(), now - raw, 'at', at, 'level', level, 'prev', prev, 'grant', grant)
+		else
+			save(key, fresh(), now - raw, 'at', at, 'level', level, 'prev', prev)
+		end
 	end
 
 	if op == 'u' then
@@ -110,7 +126,7 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 		if room >= 0 then
 			return decayed(prev, room, e + 1) - e
 		end
-		return w - e + decayed(level, limit - x, 0)
+		return w - e + decayed(level, base - x, 0) -- the grant has ended
 	end
 
 	local d

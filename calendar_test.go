@@ -1,0 +1,118 @@
+package tollgate
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// setClock sets the fake clock to tm until the test ends.
+func setClock(t *testing.T, tm time.Time) {
+	t.Helper()
+	old := fakeNow.Load()
+	fakeNow.Store(tm.UnixMicro())
+	t.Cleanup(func() { fakeNow.Store(old) })
+}
+
+func mustZone(t *testing.T, name string) *time.Location {
+	t.Helper()
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loc
+}
+
+// TestCalendarHeaders: a calendar window's t and Retry-After count the
+// seconds to its local midnight (a request at 23:59:30 is told 30), and
+// its w is its own window's length: a DST day's 23 hours, a leap
+// February's 29 days.
+func TestCalendarHeaders(t *testing.T) {
+	kolkata, ny := mustZone(t, "Asia/Kolkata"), mustZone(t, "America/New_York")
+	cases := []struct {
+		name, window, tz string
+		at               time.Time
+		w, t             int64 // the policy's w and the first answer's t
+	}{
+		{"23:59:30 in Kolkata", "1d", "Asia/Kolkata", time.Date(2026, 5, 4, 23, 59, 30, 0, kolkata), 86400, 30},
+		{"the spring DST day in New York", "1d", "America/New_York", time.Date(2026, 3, 8, 12, 0, 0, 0, ny), 82800, 12 * 3600},
+		{"the autumn DST day in New York", "1d", "America/New_York", time.Date(2026, 11, 1, 0, 30, 0, 0, ny), 90000, 24*3600 + 1800},
+		{"a leap February", "1mo", "America/New_York", time.Date(2028, 2, 29, 23, 0, 0, 0, ny), 29 * 86400, 3600},
+		{"a week from Monday", "1w", "Asia/Kolkata", time.Date(2026, 5, 10, 22, 0, 0, 0, kolkata), 7 * 86400, 7200},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			setClock(t, c.at)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone quota {
+				key {http.request.header.X-API-Key}
+				algorithm fixed_window
+				events 2
+				window `+c.window+`
+				align calendar
+				timezone `+c.tz+`
+			}
+		}
+		respond "ok"
+	}`, "caddyfile")
+			policy := fmt.Sprintf(`"quota";q=2;w=%d`, c.w)
+			for i, w := range []want{
+				{200, map[string]string{"RateLimit-Policy": policy, "RateLimit": fmt.Sprintf(`"quota";r=1;t=%d`, c.t)}, "ok"},
+				{200, map[string]string{"RateLimit": fmt.Sprintf(`"quota";r=0;t=%d`, c.t)}, "ok"},
+				{429, map[string]string{"Retry-After": fmt.Sprint(c.t), "RateLimit-Policy": policy}, ""},
+			} {
+				resp, body := get(t, tester, "/", "X-API-Key: k")
+				check(t, fmt.Sprintf("request %d", i+1), resp, body, w)
+			}
+			// A second before the window ends: still refused; at its end,
+			// a new window.
+			advance(time.Duration(c.t-1) * time.Second)
+			resp, body := get(t, tester, "/", "X-API-Key: k")
+			check(t, "a second before the end", resp, body, want{429, map[string]string{"Retry-After": "1"}, ""})
+			advance(time.Second)
+			resp, body = get(t, tester, "/", "X-API-Key: k")
+			check(t, "at the end", resp, body, want{200, nil, "ok"})
+		})
+	}
+}
+
+// TestCalendarAdapt: a calendar zone and its tiers adapt to JSON with the
+// window of months as "1mo", which loads.
+func TestCalendarAdapt(t *testing.T) {
+	site := `:8080 {
+	rate_limit {
+		zone monthly {
+			key {header.X-API-Key}
+			algorithm fixed_window
+			rate 100000/mo
+			align calendar
+			timezone Europe/Berlin
+			tier {header.X-Plan} {
+				pro 5000000/mo
+				trial 1000/2w
+			}
+		}
+	}
+	respond ok
+}
+`
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{`"window":"1mo"`, `"align":"calendar"`, `"timezone":"Europe/Berlin"`, `"pro":{"events":5000000,"window":"1mo"}`, `"trial":{"events":1000,"window":1209600000000000}`} {
+		if !strings.Contains(string(cfg), s) {
+			t.Errorf("adapted config lacks %s:\n%s", s, cfg)
+		}
+	}
+	if err := validateJSON(cfg); err != nil {
+		t.Fatalf("the adapted config does not load: %v", err)
+	}
+}
