@@ -44,8 +44,9 @@ func TestCalendarHeaders(t *testing.T) {
 		{"a leap February", "1mo", "America/New_York", time.Date(2028, 2, 29, 23, 0, 0, 0, ny), 29 * 86400, 3600},
 		{"a week from Monday", "1w", "Asia/Kolkata", time.Date(2026, 5, 10, 22, 0, 0, 0, kolkata), 7 * 86400, 7200},
 	}
-	for _, c := range cases {
+	for ci, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			key := fmt.Sprintf("X-API-Key: headers-%d", ci) // the store outlives each reload
 			setClock(t, c.at)
 			tester := caddytest.NewTester(t)
 			tester.InitServer(globalOptions+`
@@ -68,16 +69,16 @@ func TestCalendarHeaders(t *testing.T) {
 				{200, map[string]string{"RateLimit": fmt.Sprintf(`"quota";r=0;t=%d`, c.t)}, "ok"},
 				{429, map[string]string{"Retry-After": fmt.Sprint(c.t), "RateLimit-Policy": policy}, ""},
 			} {
-				resp, body := get(t, tester, "/", "X-API-Key: k")
+				resp, body := get(t, tester, "/", key)
 				check(t, fmt.Sprintf("request %d", i+1), resp, body, w)
 			}
 			// A second before the window ends: still refused; at its end,
 			// a new window.
 			advance(time.Duration(c.t-1) * time.Second)
-			resp, body := get(t, tester, "/", "X-API-Key: k")
+			resp, body := get(t, tester, "/", key)
 			check(t, "a second before the end", resp, body, want{429, map[string]string{"Retry-After": "1"}, ""})
 			advance(time.Second)
-			resp, body = get(t, tester, "/", "X-API-Key: k")
+			resp, body = get(t, tester, "/", key)
 			check(t, "at the end", resp, body, want{200, nil, "ok"})
 		})
 	}
