@@ -1,7 +1,10 @@
 package tollgate
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +118,120 @@ func TestCalendarAdapt(t *testing.T) {
 	}
 	if err := validateJSON(cfg); err != nil {
 		t.Fatalf("the adapted config does not load: %v", err)
+	}
+}
+
+// adminPost posts body to the admin API and decodes the JSON answer into
+// out; it returns the status.
+func adminPost(t *testing.T, path, body string, out any) int {
+	t.Helper()
+	resp, err := http.Post(adminBase+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Errorf("POST %s: %v in %q", path, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+// TestGrantThroughAdmin: a grant through the admin API (and `caddy
+// rate-limit grant`) gives one key more for its current calendar day, on
+// memory and Redis: two grants add up, show counts them, the event
+// rate_limit_granted is emitted, another key gets nothing, and a token
+// bucket zone refuses a grant. On memory, the fake clock then crosses
+// midnight: the grant has ended with its day.
+func TestGrantThroughAdmin(t *testing.T) {
+	berlin := mustZone(t, "Europe/Berlin")
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			setClock(t, time.Date(2026, 7, 1, 20, 0, 0, 0, berlin))
+			recorded.Lock()
+			recorded.events = nil
+			recorded.Unlock()
+			cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone daily {
+				key {http.request.header.X-API-Key}
+				algorithm fixed_window
+				rate 2/d
+				align calendar
+				timezone Europe/Berlin
+			}
+			zone bucket {
+				match {
+					path /bucket
+				}
+				key {http.request.header.X-API-Key}
+				rate 100/m
+			}
+			`+storage(t)+`
+		}
+		respond "ok"
+	}`), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var c map[string]any
+			if err := json.Unmarshal(cfg, &c); err != nil {
+				t.Fatal(err)
+			}
+			c["apps"].(map[string]any)["events"] = map[string]any{"subscriptions": []any{map[string]any{
+				"events": []string{"rate_limit_granted"}, "handlers": []any{map[string]any{"handler": "tollgate_test_recorder"}}}}}
+			full, _ := json.Marshal(c)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(string(full), "json")
+			key := "X-API-Key: grant-" + name
+			day := func(want ...int) {
+				t.Helper()
+				for i, w := range want {
+					resp, _ := get(t, tester, "/", key)
+					if resp.StatusCode != w {
+						t.Fatalf("request %d: status %d, want %d", i+1, resp.StatusCode, w)
+					}
+				}
+			}
+			day(200, 200, 429)
+			var out struct {
+				Granted float64  `json:"granted"`
+				State   keyState `json:"state"`
+			}
+			if code := adminPost(t, "/rate_limit/zones/daily/keys/grant-"+name+"/grant", `{"amount": 2}`, &out); code != 200 || out.Granted != 2 || out.State.Remaining != 2 {
+				t.Fatalf("grant 2: %d %+v", code, out)
+			}
+			// The CLI's request, as `caddy rate-limit grant daily <key> 1`.
+			var cli strings.Builder
+			if err := rateLimitRequest(&cli, "localhost:2999", http.MethodPost, "keys", "", []string{"daily", "grant-" + name, "1"}); err != nil || !strings.Contains(cli.String(), `"granted":1`) {
+				t.Fatalf("caddy rate-limit grant: %v, %s", err, cli.String())
+			}
+			var st keyState
+			if code := adminDo(t, "GET", "/rate_limit/zones/daily/keys/grant-"+name, &st); code != 200 || st.Remaining != 3 || !st.Allowed {
+				t.Fatalf("show after grants of 2 and 1: %d %+v, want 3 remaining", code, st)
+			}
+			day(200, 200, 200, 429)
+			if resp, _ := get(t, tester, "/", "X-API-Key: other-"+name); resp.StatusCode != 200 {
+				t.Fatalf("another key: %d", resp.StatusCode)
+			}
+			var e map[string]any
+			if code := adminPost(t, "/rate_limit/zones/bucket/keys/grant-"+name+"/grant", `{"amount": 2}`, &e); code != 400 || !strings.Contains(fmt.Sprint(e["error"]), "grants are for fixed_window and sliding_window") {
+				t.Fatalf("a token bucket grant: %d %v", code, e)
+			}
+			if code := adminPost(t, "/rate_limit/zones/daily/keys/grant-"+name+"/grant", `{"amount": -1}`, &e); code != 400 {
+				t.Fatalf("a negative grant: %d %v", code, e)
+			}
+			evs := waitEvents(2)
+			if len(evs) != 2 || evs[0].name != "rate_limit_granted" || evs[0].data["zone"] != "daily" || evs[0].data["key"] != "grant-"+name || evs[0].data["amount"] != 2.0 {
+				t.Fatalf("events: %+v", evs)
+			}
+			if name == "memory" {
+				advance(4 * time.Hour) // past midnight in Berlin
+				day(200, 200, 429)
+			}
+		})
 	}
 }

@@ -3,8 +3,10 @@ package tollgate
 import (
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -14,7 +16,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "[--address <admin>] zones | show <zone> <key> | reset <zone> <key> | unban <zone> <key>",
+		Usage: "[--address <admin>] zones | show <zone> <key> | reset <zone> <key> | unban <zone> <key> | grant <zone> <key> <amount>",
 		Short: "Lists rate-limit zones, shows or resets a key through the admin API",
 		Long: `
 Talks to the rate-limit admin API (admin.api.rate_limit) of a running Caddy
@@ -25,6 +27,10 @@ and prints what it answers, as JSON.
                       (--tier <value>: its state in that tier)
   reset <zone> <key>  reset the key: its next request finds a fresh state
   unban <zone> <key>  lift the key's ban (in a zone with ban), leaving its rate
+  grant <zone> <key> <amount>
+                      give the key <amount> events more for its current
+                      window (fixed_window, sliding_window); the grant ends
+                      with the window (--tier <value>: in that tier)
 
 <key> is the resolved key as the zone's key template produces it (an IP
 address, an API key, a user name), given as it is: the command escapes it
@@ -38,7 +44,7 @@ that cannot answer, is an error, with the API's answer.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.PersistentFlags().String("address", "", "The address of Caddy's admin API, if not the default")
-			cmd.PersistentFlags().String("tier", "", "In a zone with tiers, the tier whose state to show or reset (reset: every tier without it)")
+			cmd.PersistentFlags().String("tier", "", "In a zone with tiers, the tier whose state to show, reset or grant to (reset: every tier without it)")
 			for _, sub := range []struct {
 				use, short string
 				method     string
@@ -49,6 +55,7 @@ that cannot answer, is an error, with the API's answer.
 				{"show <zone> <key>", "Shows one key's state", http.MethodGet, 2, "keys"},
 				{"reset <zone> <key>", "Resets one key", http.MethodDelete, 2, "keys"},
 				{"unban <zone> <key>", "Lifts one key's ban", http.MethodDelete, 2, "bans"},
+				{"grant <zone> <key> <amount>", "Gives one key extra quota for its current window", http.MethodPost, 3, "keys"},
 			} {
 				cmd.AddCommand(&cobra.Command{
 					Use:   sub.use,
@@ -81,13 +88,26 @@ func rateLimitRequest(w io.Writer, address, method, path, tier string, args []st
 		return fmt.Errorf("determining the admin API address: %w", err)
 	}
 	uri := adminPrefix + "zones"
-	if len(args) == 2 {
+	var body io.Reader
+	if len(args) >= 2 {
 		uri = keyURI(args[0], path, args[1])
+		if len(args) == 3 { // grant <zone> <key> <amount>
+			amount, err := strconv.ParseFloat(args[2], 64)
+			if err != nil || !(amount > 0) || math.IsInf(amount, 0) {
+				return fmt.Errorf("grant: amount must be a number of events > 0, got %q", args[2])
+			}
+			uri += "/grant"
+			body = strings.NewReader(`{"amount": ` + strconv.FormatFloat(amount, 'g', -1, 64) + `}`)
+		}
 		if tier != "" {
 			uri += "?tier=" + url.QueryEscape(tier)
 		}
 	}
-	resp, err := caddycmd.AdminAPIRequest(address, method, uri, nil, nil)
+	var hdr http.Header
+	if body != nil {
+		hdr = http.Header{"Content-Type": {"application/json"}}
+	}
+	resp, err := caddycmd.AdminAPIRequest(address, method, uri, hdr, body)
 	if err != nil {
 		return fmt.Errorf("%s %s at %s: %w", method, uri, address, err)
 	}

@@ -506,6 +506,27 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 	return err
 }
 
+// Grant gives key extra quota for its current window on Redis (see
+// storage.Granter), through the breaker and timeout of a decision; the
+// local copy of on_storage_error local learns the key's state after it.
+func (l *redisLimiter) Grant(ctx context.Context, key string, now, amount int64) (algorithms.Decision, error) {
+	g, ok := l.inner.(storage.Granter)
+	if !ok {
+		return algorithms.Decision{}, fmt.Errorf("%T keeps no grants", l.inner)
+	}
+	if !l.health.admit() {
+		return algorithms.Decision{}, errRedisDown
+	}
+	c, cancel := context.WithTimeout(ctx, l.timeout)
+	d, err := g.Grant(c, key, now, amount)
+	cancel()
+	l.health.observe(ctx, err)
+	if err == nil && l.copy != nil {
+		l.copy.Seed(key, d, 0, false)
+	}
+	return d, err
+}
+
 // Renew extends a concurrency lease (see redis.Store's zones' Renew).
 func (l *redisLimiter) Renew(ctx context.Context, key string, now int64, taken algorithms.Decision) error {
 	r, ok := l.inner.(leaseRenewer)
@@ -716,4 +737,5 @@ var (
 	_ caddy.CleanerUpper    = (*RedisStorage)(nil)
 	_ caddyfile.Unmarshaler = (*RedisStorage)(nil)
 	_ storage.Limiter       = (*redisLimiter)(nil)
+	_ storage.Granter       = (*redisLimiter)(nil)
 )

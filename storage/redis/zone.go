@@ -151,14 +151,25 @@ func (z *zone) Reset(ctx context.Context, key string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
-	if s := z.store; s.deny != nil {
-		// Every instance's deny cache forgets the key, this one's at once.
-		s.deny.forget(rkey)
-		if err := s.pubsub.Publish(ctx, s.prefix+ResetChannel, rkey).Err(); err != nil {
-			return n > 0, fmt.Errorf("redis store: reset %q: telling the other instances: %w", z.name, err)
-		}
+	if err := z.store.forget(ctx, rkey); err != nil {
+		return n > 0, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
 	return n > 0, nil
+}
+
+// forget has every instance's deny cache forget the Redis key rkey, this
+// one's at once, after a reset or a grant changed its state: a rejection
+// cached until the window's end would otherwise outlive a grant. The
+// instances' local copies follow it too (see OnReset).
+func (s *Store) forget(ctx context.Context, rkey string) error {
+	if s.deny == nil {
+		return nil
+	}
+	s.deny.forget(rkey)
+	if err := s.pubsub.Publish(ctx, s.prefix+ResetChannel, rkey).Err(); err != nil {
+		return fmt.Errorf("telling the other instances: %w", err)
+	}
+	return nil
 }
 
 // run runs the zone's one-key script (single.lua) for op with x (and, for
@@ -221,9 +232,13 @@ func (z *zone) Grant(ctx context.Context, key string, now, amount int64) (algori
 	if !z.limit.Grantable() {
 		return algorithms.Decision{}, fmt.Errorf("redis store: grant %q: %w", z.name, algorithms.ErrNoGrant)
 	}
-	d, _, err := z.run(ctx, opGrant, key, now, min(max(amount, 0), algorithms.MaxGrant), algorithms.Decision{})
+	rkey := z.store.key(key, z.tail)
+	d, _, err := z.runKey(ctx, opGrant, rkey, now, min(max(amount, 0), algorithms.MaxGrant), algorithms.Decision{})
+	if err == nil {
+		err = z.store.forget(ctx, rkey)
+	}
 	if err != nil {
-		return algorithms.Decision{}, fmt.Errorf("redis store: grant %q: %w", z.name, err)
+		return d, fmt.Errorf("redis store: grant %q: %w", z.name, err)
 	}
 	return d, nil
 }
