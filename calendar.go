@@ -89,6 +89,9 @@ func (w windowJSON) UnmarshalJSON(b []byte) error {
 // MarshalJSON writes the zone, a window of months as "<n>mo".
 func (zc Zone) MarshalJSON() ([]byte, error) {
 	type plain Zone
+	if zc.months == 0 {
+		return json.Marshal(plain(zc)) // the fields in their order
+	}
 	return json.Marshal(struct {
 		plain
 		Window *windowJSON `json:"window,omitempty"`
@@ -108,6 +111,9 @@ func (zc *Zone) UnmarshalJSON(b []byte) error {
 // MarshalJSON writes the tier, a window of months as "<n>mo".
 func (t Tier) MarshalJSON() ([]byte, error) {
 	type plain Tier
+	if t.months == 0 {
+		return json.Marshal(plain(t))
+	}
 	return json.Marshal(struct {
 		plain
 		Window *windowJSON `json:"window,omitempty"`

@@ -292,15 +292,21 @@ type Decision struct {
 // rolled), which changes no decision. For a calendar window it is
 // shorthand for TakeIn(s, l.Calendar.Span(now), now, cost).
 func (l *Limit) Take(s *State, now, cost int64) Decision {
-	d, _ := l.TakeIn(s, l.Calendar.Span(now), now, cost)
-	return d
+	if l.Calendar.Unit != NoUnit {
+		d, _ := l.TakeIn(s, l.Calendar.Span(now), now, cost)
+		return d
+	}
+	return l.decide(s, now, cost, true, Span{})
 }
 
 // Peek reports what Take would decide for cost at now without charging it.
 // It may bring s up to date with now, as Take does.
 func (l *Limit) Peek(s *State, now, cost int64) Decision {
-	d, _ := l.PeekIn(s, l.Calendar.Span(now), now, cost)
-	return d
+	if l.Calendar.Unit != NoUnit {
+		d, _ := l.PeekIn(s, l.Calendar.Span(now), now, cost)
+		return d
+	}
+	return l.decide(s, now, cost, false, Span{})
 }
 
 // TakeIn is Take with the calendar window's bounds given: sp, computed on

@@ -14,6 +14,7 @@ import (
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	"github.com/caddy-tollgate/tollgate/storage"
+	"github.com/caddy-tollgate/tollgate/storage/memory"
 )
 
 var calendarZones = []string{"UTC", "America/New_York", "Europe/Berlin", "Asia/Kolkata", "Australia/Lord_Howe"}
@@ -241,8 +242,10 @@ func TestCalendarThreeInstances(t *testing.T) {
 			s := newTestStore(srv.Client())
 			s.skew = skew
 			if i == 1 {
+				// Pipelined, as the function library's batch: batch.lua.
 				s = NewPipelined(srv.Client(), "test:")
 				s.callerClock, s.ttlSlack, s.skew = true, testSlack.Milliseconds(), skew
+				withFunctions(t, s)
 				defer s.Close()
 			}
 			zones = append(zones, zoneOf(s, "three", l))
@@ -288,6 +291,47 @@ func TestCalendarThreeInstances(t *testing.T) {
 		}
 		if len(admitted) != 2 || admitted[midnight] != quota {
 			t.Errorf("%s: admitted per day %v, want %d in each of two days", day.Format("2006-01-02"), admitted, quota)
+		}
+	}
+}
+
+// TestCalendarTakeAll: a daily and a monthly calendar quota on one key,
+// decided together by multi.lua (TakeAll), across days and a month's end
+// (in Kolkata), decide as the memory store's TakeAll does: a request
+// passes only if both admit it, and a rejected one is charged nowhere.
+func TestCalendarTakeAll(t *testing.T) {
+	srv := redistest.Start(t)
+	kolkata := loadLoc(t, "Asia/Kolkata")
+	dayL := calendarLimit(t, 3, algorithms.Day, 1, kolkata)
+	monthL := calendarLimit(t, 7, algorithms.Month, 1, kolkata)
+	for _, mode := range []string{"evalsha", "fcall"} {
+		s := newTestStore(srv.Client())
+		if mode == "fcall" {
+			withFunctions(t, s)
+		}
+		rz := []storage.Limiter{zoneOf(s, mode+"-daily", dayL), zoneOf(s, mode+"-monthly", monthL)}
+		mz := []*memory.Store{memory.New(storage.Zone{Name: "daily", Limit: dayL}), memory.New(storage.Zone{Name: "monthly", Limit: monthL})}
+		start := time.Date(2026, 1, 29, 23, 59, 59, 0, kolkata).UnixMicro()
+		rng := rand.New(rand.NewPCG(3, 4))
+		admitted := 0
+		for i := 0; i < 400; i++ {
+			now := start + int64(i)*(6*3600e6/10) + rng.Int64N(ms) // 10 steps per 6 hours
+			cost := algorithms.Milli * (1 + rng.Int64N(2))
+			want := make([]algorithms.Decision, 2)
+			wantRejected := memory.TakeAll(now, []memory.Request{{Store: mz[0], Key: "k", Cost: cost}, {Store: mz[1], Key: "k", Cost: cost}}, want)
+			got, rejected, err := s.TakeAll(context.Background(), now, []Request{{Zone: rz[0], Key: "k", Cost: cost}, {Zone: rz[1], Key: "k", Cost: cost}})
+			if err != nil {
+				t.Fatalf("%s step %d: %v", mode, i, err)
+			}
+			if rejected != wantRejected || got[0] != want[0] || got[1] != want[1] {
+				t.Fatalf("%s step %d at %s: %d %+v, want %d %+v (memory)", mode, i, time.UnixMicro(now).In(kolkata), rejected, got, wantRejected, want)
+			}
+			if rejected < 0 {
+				admitted++
+			}
+		}
+		if admitted == 0 {
+			t.Fatalf("%s: nothing admitted", mode)
 		}
 	}
 }
