@@ -122,6 +122,11 @@ type zoneInfo struct {
 	DryRun    bool    `json:"dry_run"`
 	Keys      *int    `json:"keys"` // null for a store that keeps no count
 
+	// A calendar window: its length as configured ("1d", "1mo"; window
+	// is then its nominal length) and its time zone.
+	Calendar string `json:"calendar,omitempty"`
+	Timezone string `json:"timezone,omitempty"`
+
 	Concurrency      int64   `json:"concurrency,omitempty"`
 	ConcurrencyLease float64 `json:"concurrency_lease,omitempty"` // seconds
 	Ban              float64 `json:"ban,omitempty"`               // seconds
@@ -214,6 +219,12 @@ func listZones() []zoneInfo {
 			Burst:     l.Burst,
 			Storage:   g.backend,
 			DryRun:    g.dryRun,
+		}
+		if c := l.Calendar; c.Unit != algorithms.NoUnit {
+			info.Calendar, info.Timezone = c.String(), "UTC"
+			if c.Loc != nil {
+				info.Timezone = c.Loc.String()
+			}
 		}
 		guardInfo(&info, members[i][0].z)
 		if stores := distinctStores(nil, members[i]...); len(stores) > 0 {

@@ -228,6 +228,15 @@ func TestGrantThroughAdmin(t *testing.T) {
 			if len(evs) != 2 || evs[0].name != "rate_limit_granted" || evs[0].data["zone"] != "daily" || evs[0].data["key"] != "grant-"+name || evs[0].data["amount"] != 2.0 {
 				t.Fatalf("events: %+v", evs)
 			}
+			var zones []zoneInfo
+			if code := adminDo(t, "GET", "/rate_limit/zones", &zones); code != 200 {
+				t.Fatalf("GET zones: %d", code)
+			}
+			for _, z := range zones {
+				if z.Zone == "daily" && (z.Calendar != "1d" || z.Timezone != "Europe/Berlin" || z.Window != 86400) {
+					t.Errorf("zone daily listed as %+v", z)
+				}
+			}
 			if name == "memory" {
 				advance(4 * time.Hour) // past midnight in Berlin
 				day(200, 200, 429)
