@@ -331,3 +331,18 @@ func TestSeedCalendar(t *testing.T) {
 		}
 	}
 }
+
+// TestCalendarAllocs: a calendar window's decision, with its span
+// computed in its time zone, allocates nothing.
+func TestCalendarAllocs(t *testing.T) {
+	l, _ := NewCalendarLimit(1000, Calendar{Month, 1, mustLoc(t, "Europe/Berlin")})
+	var s State
+	now := micros(time.Date(2026, 3, 29, 1, 0, 0, 0, time.UTC))
+	if n := testing.AllocsPerRun(1000, func() {
+		now += 3600e6
+		l.Take(&s, now, Milli)
+		_, _ = l.Grant(&s, now, Milli)
+	}); n != 0 {
+		t.Fatalf("Take and Grant allocate %v times per call, want 0", n)
+	}
+}
