@@ -482,7 +482,11 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 		}
 		lz.h.granted(rate, stored, req.Amount, d)
 	}
-	return writeJSON(w, map[string]any{"zone": st.Zone, "key": st.Key, "granted": req.Amount, "tier": st.Tier, "state": st})
+	out := map[string]any{"zone": st.Zone, "key": st.Key, "granted": req.Amount, "state": st}
+	if st.Tier != "" {
+		out["tier"] = st.Tier
+	}
+	return writeJSON(w, out)
 }
 
 // grantScope identifies where a part's grants are kept, so that a grant

@@ -45,7 +45,7 @@ func parseWindow(s string) (time.Duration, int64, error) {
 	}
 	d, err := caddy.ParseDuration(s)
 	if err != nil {
-		return 0, 0, fmt.Errorf("want a duration such as 1m, 1d, 1w or 1mo, got '%s': %v", s, err)
+		return 0, 0, fmt.Errorf("want a duration such as 1m, got '%s': %v (also 1d, 1w, and with align calendar 1mo)", s, err)
 	}
 	return d, 0, nil
 }

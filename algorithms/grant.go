@@ -44,6 +44,6 @@ func (l *Limit) GrantIn(s *State, sp Span, now, amount int64) (Decision, error) 
 	} else {
 		now = l.roll(s, now)
 	}
-	s.Grant = min(s.Grant+max(amount, 0), MaxGrant)
+	s.Head = min(s.Head+max(amount, 0), MaxGrant)
 	return l.decide(s, now, Milli, false, sp), nil
 }

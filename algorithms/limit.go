@@ -242,20 +242,21 @@ func CostMilli(cost float64) (int64, bool) {
 //
 //	token_bucket, leaky_bucket: At = last refill/leak (µs), Level = debt in ticks
 //	gcra:                       the theoretical arrival time: At µs + Level ticks (0 <= Level < Scale)
-//	fixed_window:               At = window start, Level = count (milli)
+//	fixed_window:               At = window start, Level = count (milli), Head = grant (milli)
 //	  with a calendar:          the same, and Prev = window end (µs)
-//	sliding_window:             At = window start, Level = count, Prev = previous window's count
+//	sliding_window:             At = window start, Level = count, Prev = previous window's count, Head = grant
 //	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many
 //
-// Grant is extra quota given to the key for its current window (see
-// Limit.Grant), in milli-units; it ends with the window. A sliding_log's
-// ring grows with its entries, from none.
+// A window's grant is extra quota given to the key for its current
+// window (see Limit.Grant), in milli-units; it ends with the window. It
+// shares Head, which only a sliding_log uses otherwise, so that a memory
+// store's entry keeps to two cache lines. A sliding_log's ring grows with
+// its entries, from none.
 type State struct {
 	At    int64
 	Level int64
 	Prev  int64
 	Head  int64
-	Grant int64
 	Log   []int64
 }
 

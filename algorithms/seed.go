@@ -24,7 +24,7 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 	case GCRA:
 		l.setTAT(s, d.At, l.seedDebt(d))
 	case FixedWindow:
-		s.At, s.Level, s.Prev, s.Grant = d.At-d.At%l.Window, 0, 0, 0
+		s.At, s.Level, s.Prev, s.Head = d.At-d.At%l.Window, 0, 0, 0
 		if l.Calendar.Unit != NoUnit {
 			p := l.Calendar.Period(d.At)
 			s.At, s.Prev = p.Start, p.End
@@ -32,7 +32,7 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 		if d.Reset > 0 {
 			// The most room Remaining allows; beyond the limit, a grant.
 			room, limit := (d.Remaining+1)*Milli-1, l.Events*Milli
-			s.Level, s.Grant = max(0, limit-room), max(0, room-limit)
+			s.Level, s.Head = max(0, limit-room), max(0, room-limit)
 		}
 	case SlidingWindow:
 		l.seedSliding(s, d, cost, charged)
@@ -93,6 +93,9 @@ func (l *Limit) seedSliding(s *State, d Decision, cost int64, charged bool) {
 		cur = s.Level
 	case start - l.Window:
 		prev = s.Level
+	}
+	if s.At != start {
+		s.Head = 0 // a grant ends with its window
 	}
 	s.At, s.Level, s.Prev = start, 0, 0
 	if d.Reset <= 0 {

@@ -25,7 +25,7 @@ func (l *Limit) roll(s *State, now int64) int64 {
 		}
 		s.Level = 0
 		s.At = start
-		s.Grant = 0
+		s.Head = 0
 	}
 	return now
 }
@@ -57,7 +57,7 @@ func (l *Limit) rollPeriod(s *State, now int64, sp Span) int64 {
 		if now >= sp.Mid {
 			s.At, s.Prev = sp.Mid, sp.End
 		}
-		s.Level, s.Grant = 0, 0
+		s.Level, s.Head = 0, 0
 	}
 	return now
 }
@@ -72,7 +72,7 @@ func (l *Limit) fixedPeriod(s *State, now, cost int64, commit bool, sp Span) Dec
 // fixed decides a fixed window whose state is up to date with now and
 // whose window ends toNext µs after now.
 func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64) Decision {
-	limit := l.Events*Milli + s.Grant
+	limit := l.Events*Milli + s.Head
 	if s.Level+cost > limit {
 		return Decision{Remaining: (limit - s.Level) / Milli, Reset: toNext, Wait: toNext, At: now}
 	}
@@ -80,7 +80,7 @@ func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64) Deci
 		s.Level += cost
 	}
 	d := Decision{Allowed: true, Remaining: (limit - s.Level) / Milli, At: now}
-	if s.Level > 0 || s.Grant > 0 {
+	if s.Level > 0 || s.Head > 0 {
 		d.Reset = toNext
 	}
 	return d
@@ -94,7 +94,7 @@ func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64) Deci
 // twin compares them in 26-bit limbs), so that no rounding admits more.
 func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 	now = l.roll(s, now)
-	limit := l.Events*Milli + s.Grant
+	limit := l.Events*Milli + s.Head
 	e := now - s.At
 	toNext := l.Window - e
 	weighted := l.weight(s.Prev, toNext)
@@ -121,7 +121,7 @@ func (l *Limit) slidingReset(s *State, toNext int64) int64 {
 	switch {
 	case s.Level > 0:
 		return toNext + l.Window
-	case s.Prev > 0 || s.Grant > 0:
+	case s.Prev > 0 || s.Head > 0:
 		return toNext
 	}
 	return 0
@@ -171,7 +171,7 @@ func mulCmp(a, b, c, d int64) int {
 // is too full, into the next window until this window's weight has.
 func (l *Limit) slidingWait(s *State, e, cost int64) int64 {
 	limit := l.Events * Milli
-	if room := limit + s.Grant - s.Level - cost; room >= 0 {
+	if room := limit + s.Head - s.Level - cost; room >= 0 {
 		// It fits at the latest at the next window start (the weight is 0
 		// at e' = W) and not now, at e.
 		return l.decayed(s.Prev, room, e+1) - e
