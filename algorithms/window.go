@@ -5,9 +5,10 @@ import (
 	"math/bits"
 )
 
-// The window family counts cost in milli-units against Events * Milli.
-// Windows are aligned to multiples of W since the Unix epoch, so every
-// instance and store agrees on where a window starts.
+// The window family counts cost in milli-units against Events * Milli,
+// and a grant (State.Head) on top. Windows are aligned to multiples of W
+// since the Unix epoch, or for a calendar window to the periods of its
+// Calendar, so every instance and store agrees on where a window starts.
 
 // roll brings a window state up to date with now and returns the
 // (possibly adjusted) now. The clock running backwards counts as no time
