@@ -40,10 +40,10 @@ func (l *Limit) GrantIn(s *State, sp Span, now, amount int64) (Decision, error) 
 		return Decision{}, ErrOutsideSpan
 	}
 	if l.Calendar.Unit != NoUnit {
-		now = l.rollPeriod(s, now, sp)
+		now = l.rollPeriod(s, now, &sp)
 	} else {
 		now = l.roll(s, now)
 	}
 	s.Head = min(s.Head+max(amount, 0), MaxGrant)
-	return l.decide(s, now, Milli, false, sp), nil
+	return l.decide(s, now, Milli, false, &sp), nil
 }

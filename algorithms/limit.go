@@ -293,21 +293,13 @@ type Decision struct {
 // rolled), which changes no decision. For a calendar window it is
 // shorthand for TakeIn(s, l.Calendar.Span(now), now, cost).
 func (l *Limit) Take(s *State, now, cost int64) Decision {
-	if l.Calendar.Unit != NoUnit {
-		d, _ := l.TakeIn(s, l.Calendar.Span(now), now, cost)
-		return d
-	}
-	return l.decide(s, now, cost, true, Span{})
+	return l.decide(s, now, cost, true, nil)
 }
 
 // Peek reports what Take would decide for cost at now without charging it.
 // It may bring s up to date with now, as Take does.
 func (l *Limit) Peek(s *State, now, cost int64) Decision {
-	if l.Calendar.Unit != NoUnit {
-		d, _ := l.PeekIn(s, l.Calendar.Span(now), now, cost)
-		return d
-	}
-	return l.decide(s, now, cost, false, Span{})
+	return l.decide(s, now, cost, false, nil)
 }
 
 // TakeIn is Take with the calendar window's bounds given: sp, computed on
@@ -318,7 +310,7 @@ func (l *Limit) TakeIn(s *State, sp Span, now, cost int64) (Decision, error) {
 	if !l.holds(s, sp, now) {
 		return Decision{}, ErrOutsideSpan
 	}
-	return l.decide(s, now, cost, true, sp), nil
+	return l.decide(s, now, cost, true, &sp), nil
 }
 
 // PeekIn is Peek with the calendar window's bounds given, as TakeIn.
@@ -326,10 +318,13 @@ func (l *Limit) PeekIn(s *State, sp Span, now, cost int64) (Decision, error) {
 	if !l.holds(s, sp, now) {
 		return Decision{}, ErrOutsideSpan
 	}
-	return l.decide(s, now, cost, false, sp), nil
+	return l.decide(s, now, cost, false, &sp), nil
 }
 
-func (l *Limit) decide(s *State, now, cost int64, commit bool, sp Span) Decision {
+// decide decides at now; sp is a calendar window's span, which holds has
+// checked, or nil: for a calendar window, then, the span that holds now
+// (Take's and Peek's shorthand, kept out of them so that they inline).
+func (l *Limit) decide(s *State, now, cost int64, commit bool, sp *Span) Decision {
 	switch l.Kind {
 	case Concurrency:
 		return l.slots(s, now, commit)
@@ -349,6 +344,10 @@ func (l *Limit) decide(s *State, now, cost int64, commit bool, sp Span) Decision
 		return l.gcra(s, now, cost, commit)
 	case FixedWindow:
 		if l.Calendar.Unit != NoUnit {
+			if sp == nil {
+				held := l.Calendar.Span(now)
+				sp = &held
+			}
 			return l.fixedPeriod(s, now, cost, commit, sp)
 		}
 		return l.fixedWindow(s, now, cost, commit)

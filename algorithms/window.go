@@ -51,7 +51,7 @@ func (l *Limit) holds(s *State, sp Span, now int64) bool {
 // rollPeriod brings a calendar window's state up to date with now: when
 // its window is over, the period of sp that holds now starts (holds has
 // checked there is one). As roll, it holds a clock that ran backwards.
-func (l *Limit) rollPeriod(s *State, now int64, sp Span) int64 {
+func (l *Limit) rollPeriod(s *State, now int64, sp *Span) int64 {
 	now = max(now, s.At)
 	if now >= s.Prev {
 		s.At, s.Prev = sp.Start, sp.Mid
@@ -65,7 +65,7 @@ func (l *Limit) rollPeriod(s *State, now int64, sp Span) int64 {
 
 // fixedPeriod is fixedWindow on a calendar: At = window start, Prev =
 // window end, Level = count in the window.
-func (l *Limit) fixedPeriod(s *State, now, cost int64, commit bool, sp Span) Decision {
+func (l *Limit) fixedPeriod(s *State, now, cost int64, commit bool, sp *Span) Decision {
 	now = l.rollPeriod(s, now, sp)
 	return l.fixed(s, now, cost, commit, s.Prev-now)
 }
