@@ -169,3 +169,15 @@ func TestKeyURI(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantAmountChecked: `caddy rate-limit grant` refuses an amount that
+// is not a number of events > 0 before it asks the API.
+func TestGrantAmountChecked(t *testing.T) {
+	for _, amount := range []string{"0", "-5", "lots", "NaN", "Inf"} {
+		var out strings.Builder
+		err := rateLimitRequest(&out, "localhost:1", "POST", "keys", "", []string{"z", "k", amount})
+		if err == nil || !strings.Contains(err.Error(), "grant: amount must be a number of events > 0") {
+			t.Errorf("grant z k %s: %v, want the amount refused", amount, err)
+		}
+	}
+}
