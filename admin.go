@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -24,11 +25,13 @@ func init() {
 //	GET    /rate_limit/zones                    the live zones and their key counts
 //	GET    /rate_limit/zones/<zone>/keys/<key>  one key's state
 //	DELETE /rate_limit/zones/<zone>/keys/<key>  reset the key: its next request finds a fresh state (and no ban)
+//	POST   /rate_limit/zones/<zone>/keys/<key>/grant  {"amount": n}: n events more for the key's current window
 //	GET    /rate_limit/zones/<zone>/bans/<key>  the same as keys/<key>, in a zone with a ban
 //	DELETE /rate_limit/zones/<zone>/bans/<key>  lift the key's ban (and forget its strikes), leaving its rate state
 //
 // In a zone with tiers, ?tier=<value> shows or resets the key's state in
-// that tier; DELETE without it resets the key in every tier.
+// that tier; DELETE without it resets the key in every tier. A grant goes
+// to the zone's own rate, or with ?tier= to that tier's.
 //
 // <key> is the resolved key, URL-path-escaped (a "/" in a key is %2F); an
 // IP address is grouped by the zone's ipv4_prefix/ipv6_prefix and a long
@@ -89,6 +92,15 @@ func (a *AdminAPI) serveHTTP(w http.ResponseWriter, r *http.Request) error {
 	if bans && zs[0].z.ban == nil {
 		return notFound("zone %q has no ban", name)
 	}
+	if k, ok := strings.CutSuffix(rawKey, "/grant"); ok && !bans {
+		if r.Method != http.MethodPost {
+			return methodNotAllowed(w, r, http.MethodPost)
+		}
+		if key, err2 = url.PathUnescape(k); err2 != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("bad escape in path %s", r.URL.EscapedPath())}
+		}
+		return grantKey(w, r, zs, key)
+	}
 	switch r.Method {
 	case http.MethodGet:
 		return showKey(w, r, zs, key)
@@ -109,6 +121,11 @@ type zoneInfo struct {
 	Storage   string  `json:"storage"`
 	DryRun    bool    `json:"dry_run"`
 	Keys      *int    `json:"keys"` // null for a store that keeps no count
+
+	// A calendar window: its length as configured ("1d", "1mo"; window
+	// is then its nominal length) and its time zone.
+	Calendar string `json:"calendar,omitempty"`
+	Timezone string `json:"timezone,omitempty"`
 
 	Concurrency      int64   `json:"concurrency,omitempty"`
 	ConcurrencyLease float64 `json:"concurrency_lease,omitempty"` // seconds
@@ -202,6 +219,12 @@ func listZones() []zoneInfo {
 			Burst:     l.Burst,
 			Storage:   g.backend,
 			DryRun:    g.dryRun,
+		}
+		if c := l.Calendar; c.Unit != algorithms.NoUnit {
+			info.Calendar, info.Timezone = c.String(), "UTC"
+			if c.Loc != nil {
+				info.Timezone = c.Loc.String()
+			}
 		}
 		guardInfo(&info, members[i][0].z)
 		if stores := distinctStores(nil, members[i]...); len(stores) > 0 {
@@ -398,6 +421,83 @@ func storeUnavailable(zone string, err error) error {
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string) error {
 	w.Header().Set("Allow", strings.Join(allowed, ", "))
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+}
+
+// grantRequest is the body of POST .../keys/<key>/grant.
+type grantRequest struct {
+	// Amount is the events granted, > 0; fractions count as costs do.
+	Amount float64 `json:"amount"`
+}
+
+// grantKey gives the key amount events more for its current window, in
+// the zone's rate (or ?tier='s), in every store of the zone once: a
+// memory store per distinct store, Redis once per server and zone. It
+// answers with the key's state after the grant, logs the grant and emits
+// rate_limit_granted.
+func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) error {
+	var req grantRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf(`grant: want a body such as {"amount": 100}: %w`, err)}
+	}
+	amount, ok := algorithms.CostMilli(req.Amount)
+	if !ok || amount <= 0 || amount > algorithms.MaxGrant {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("grant: amount must be a number of events > 0 and at most %d, got %v", algorithms.MaxEvents, req.Amount)}
+	}
+	var (
+		st   keyState
+		done []any // the stores granted in: each once
+	)
+	granted := false
+	for _, lz := range zs {
+		rate, err := tierOf(r, lz.z)
+		if err != nil {
+			return err
+		}
+		if rate.role != roleRate {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q has only concurrency: there is no quota to grant", lz.z.name)}
+		}
+		if !rate.spec.Limit.Grantable() {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q is %s: %w", lz.z.name, rate.spec.Limit.Kind, algorithms.ErrNoGrant)}
+		}
+		g, ok := rate.limiter.(storage.Granter)
+		if !ok {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q: its store keeps no grants", lz.z.name)}
+		}
+		scope := grantScope(rate)
+		if slices.Contains(done, scope) {
+			continue
+		}
+		done = append(done, scope)
+		stored := lz.z.storedKey(key)
+		d, err := g.Grant(r.Context(), stored, lz.now(), amount)
+		if err != nil {
+			return storeUnavailable(lz.z.name, err)
+		}
+		if !granted {
+			st = keyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: d.Remaining,
+				Reset: float64(d.Reset) / microsPerSecond, Wait: float64(d.Wait) / microsPerSecond}
+			granted = true
+		}
+		lz.h.granted(rate, stored, req.Amount, d)
+	}
+	out := map[string]any{"zone": st.Zone, "key": st.Key, "granted": req.Amount, "state": st}
+	if st.Tier != "" {
+		out["tier"] = st.Tier
+	}
+	return writeJSON(w, out)
+}
+
+// grantScope identifies where a part's grants are kept, so that a grant
+// to a zone defined by several handlers is made once per store: its
+// memory store, or its Redis (a zone's Redis keys are the same from every
+// handler that shares the server and the zone's name).
+func grantScope(p *zone) any {
+	if l, ok := p.limiter.(*redisLimiter); ok {
+		return fmt.Sprintf("redis %p %s", l.health, p.spec.Name)
+	}
+	return p.limiter
 }
 
 // Interface guards.

@@ -35,8 +35,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			key          <template>
 //			algorithm    token_bucket|gcra|sliding_window|sliding_log|fixed_window|leaky_bucket
 //			events       <n>
-//			window       <duration>
-//			rate         <n>/<unit>          # shorthand for events + window: 10/s, 600/m, 5000/h, 100/10s
+//			window       <duration>          # also 1w (7 days), and 1mo (a calendar month) with align calendar
+//			align        calendar            # fixed_window: windows are days, weeks (from Monday), months (from the 1st)
+//			timezone     <IANA name>         # of a calendar window; default UTC
+//			rate         <n>/<unit>          # shorthand for events + window: 10/s, 600/m, 5000/h, 100/10s, 10000/d, 1000000/mo
 //			burst        <n>
 //			cost         <number|template>
 //			default_cost <number>
@@ -189,12 +191,24 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 		case "events":
 			z.Events, err = intArg(d)
 		case "window":
-			z.Window, err = durationArg(d)
+			var s string
+			if s, err = stringArg(d); err == nil {
+				var window time.Duration
+				window, z.months, err = parseWindow(s)
+				z.Window = caddy.Duration(window)
+				if err != nil {
+					err = d.Errf("zone '%s': window: %v", name, err)
+				}
+			}
+		case "align":
+			z.Align, err = stringArg(d)
+		case "timezone":
+			z.Timezone, err = stringArg(d)
 		case "rate":
 			var s string
 			if s, err = stringArg(d); err == nil {
 				var window time.Duration
-				z.Events, window, err = ParseRate(s)
+				z.Events, window, z.months, err = parseRate(s)
 				z.Window = caddy.Duration(window)
 				if err != nil {
 					err = d.Errf("zone '%s': rate: %v", name, err)
@@ -319,11 +333,11 @@ func parseTier(args []string) (*Tier, error) {
 	case len(args) == 1 && args[0] == "unlimited":
 		return &Tier{Unlimited: true}, nil
 	case len(args) == 1 || (len(args) == 3 && args[1] == "burst"):
-		events, window, err := ParseRate(args[0])
+		events, window, months, err := parseRate(args[0])
 		if err != nil {
 			return nil, fmt.Errorf("rate: %v", err)
 		}
-		t := &Tier{Events: events, Window: caddy.Duration(window)}
+		t := &Tier{Events: events, Window: caddy.Duration(window), months: months}
 		if len(args) == 3 {
 			if t.Burst, err = strconv.ParseInt(args[2], 10, 64); err != nil {
 				return nil, fmt.Errorf("burst: want a whole number, got %q", args[2])
@@ -357,9 +371,39 @@ func errAt(tok caddyfile.Token, err error) error {
 	return d.WrapErr(err)
 }
 
-// ParseRate parses a rate such as "10/s", "600/m", "5000/h", "2/d" or
-// "100/10s" into events and window.
+// ParseRate parses a rate such as "10/s", "600/m", "5000/h", "2/d",
+// "7/w" or "100/10s" into events and window. A rate per month ("1000/mo")
+// is a calendar window, which has no duration: an error here.
 func ParseRate(s string) (int64, time.Duration, error) {
+	events, window, months, err := parseRate(s)
+	if err == nil && months > 0 {
+		err = fmt.Errorf("%q: a month has no fixed length", s)
+	}
+	return events, window, err
+}
+
+// parseRate is ParseRate, and also parses rates per months ("1000/mo",
+// "1000/3mo") into events and months.
+func parseRate(s string) (int64, time.Duration, int64, error) {
+	if num, per, ok := strings.Cut(s, "/"); ok && strings.HasSuffix(per, "mo") {
+		if per == "mo" {
+			per = "1mo"
+		}
+		events, err := strconv.ParseInt(num, 10, 64)
+		if err != nil || events <= 0 {
+			return 0, 0, 0, fmt.Errorf("%q: events must be a whole number > 0, got %q", s, num)
+		}
+		_, months, err := parseWindow(per)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("%q: window %q: %v", s, per, err)
+		}
+		return events, 0, months, nil
+	}
+	events, window, err := parseFixedRate(s)
+	return events, window, 0, err
+}
+
+func parseFixedRate(s string) (int64, time.Duration, error) {
 	num, per, ok := strings.Cut(s, "/")
 	if !ok {
 		return 0, 0, fmt.Errorf("%q: want <events>/<window>, e.g. 10/s or 100/10s", s)
@@ -379,12 +423,14 @@ func ParseRate(s string) (int64, time.Duration, error) {
 	case "h":
 		window = time.Hour
 	case "d":
-		window = 24 * time.Hour
+		window = day
+	case "w":
+		window = week
 	default:
 		if per == "" || per[0] < '0' || per[0] > '9' {
-			return 0, 0, fmt.Errorf("%q: unknown window %q (want ms, s, m, h, d or a duration such as 10s)", s, per)
+			return 0, 0, fmt.Errorf("%q: unknown window %q (want ms, s, m, h, d, w, mo or a duration such as 10s)", s, per)
 		}
-		window, err = caddy.ParseDuration(per)
+		window, _, err = parseWindow(per)
 		if err != nil {
 			return 0, 0, fmt.Errorf("%q: window %q: %v", s, per, err)
 		}

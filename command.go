@@ -42,6 +42,8 @@ var cliSubcommands = []cliSubcommand{
 		"caddy rate-limit reset api customer-42", (*cliRun).reset},
 	{"unban", []string{"<zone>", "<key>"}, "lift a key's ban and forget its strikes, leaving its rate",
 		"caddy rate-limit unban login 203.0.113.9", (*cliRun).unban},
+	{"grant", []string{"<zone>", "<key>", "<amount>"}, "give a key <amount> events more for its current window (fixed_window; --tier: in that tier)",
+		"caddy rate-limit grant monthly key-acme-7f3a 5000", (*cliRun).grant},
 	{"help", nil, "list these subcommands",
 		"caddy rate-limit help", nil}, // run: help (which lists this table)
 }
@@ -392,6 +394,37 @@ func (c *cliRun) unban(args []string) error {
 		return err
 	}
 	return c.done(body, "lifted the ban of", " (its rate's state stays)")
+}
+
+func (c *cliRun) grant(args []string) error {
+	amount, err := strconv.ParseFloat(args[2], 64)
+	if err != nil || !(amount > 0) || math.IsInf(amount, 0) {
+		return fmt.Errorf("grant: amount must be a number of events > 0, got %q", args[2])
+	}
+	req := `{"amount": ` + strconv.FormatFloat(amount, 'g', -1, 64) + `}`
+	body, err := c.keyRequest(http.MethodPost, "keys", args[0], args[1], "/grant", strings.NewReader(req))
+	if err != nil {
+		return err
+	}
+	if c.json {
+		_, err := c.out.Write(body)
+		return err
+	}
+	var ans struct {
+		Zone, Key string
+		Granted   float64
+		State     keyState
+	}
+	if err := json.Unmarshal(body, &ans); err != nil {
+		return c.noEndpoint(fmt.Errorf("its answer is not JSON: %v", err))
+	}
+	where := "zone " + ans.Zone
+	if c.tier != "" {
+		where += ", tier " + c.tier
+	}
+	_, err = fmt.Fprintf(c.out, "granted key %q in %s %s more events for its current window: %d remaining, the window resets in %s\n",
+		ans.Key, where, strconv.FormatFloat(ans.Granted, 'g', -1, 64), ans.State.Remaining, formatSeconds(ans.State.Reset))
+	return err
 }
 
 // done prints the answer of a reset or unban.

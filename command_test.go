@@ -427,3 +427,14 @@ func TestKeyURI(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantAmountChecked: `caddy rate-limit grant` refuses an amount that
+// is not a number of events > 0 before it asks the API.
+func TestGrantAmountChecked(t *testing.T) {
+	for _, amount := range []string{"0", "-5", "lots", "NaN", "Inf"} {
+		_, err := runCLI(t, "--address", "localhost:1", "grant", "--", "z", "k", amount)
+		if err == nil || !strings.Contains(err.Error(), "grant: amount must be a number of events > 0") {
+			t.Errorf("grant z k %s: %v, want the amount refused", amount, err)
+		}
+	}
+}

@@ -25,6 +25,10 @@ const eventExceeded = "rate_limit_exceeded"
 // key starts a ban (once per ban).
 const eventBanned = "rate_limit_banned"
 
+// eventGranted is the Caddy event emitted when the admin API (or `caddy
+// rate-limit grant`) gives a key extra quota.
+const eventGranted = "rate_limit_granted"
+
 // eventQueueSize is how many events wait for the emitter before new ones
 // are dropped.
 const eventQueueSize = 1024
@@ -44,7 +48,7 @@ type emitter struct {
 	now     func() int64
 
 	// Which events a subscription can receive: the others are not emitted.
-	exceeded, banned bool
+	exceeded, banned, granted bool
 }
 
 // wants reports whether event is one a subscription can receive.
@@ -88,7 +92,8 @@ func (h *Handler) provisionEvents(ctx caddy.Context) error {
 	id := h.CaddyModule().ID
 	onExceeded := subscribed(events.Subscriptions, eventExceeded, id)
 	onBanned := subscribed(events.Subscriptions, eventBanned, id)
-	if !onExceeded && !onBanned {
+	onGranted := subscribed(events.Subscriptions, eventGranted, id)
+	if !onExceeded && !onBanned && !onGranted {
 		return nil
 	}
 	h.events = &emitter{
@@ -99,8 +104,26 @@ func (h *Handler) provisionEvents(ctx caddy.Context) error {
 		now:      h.now,
 		exceeded: onExceeded,
 		banned:   onBanned,
+		granted:  onGranted,
 	}
 	return nil
+}
+
+// granted logs a grant made to key in part p (the zone's rate or a
+// tier's) and emits rate_limit_granted, with the key's state after it:
+// zone, key, tier (if any), amount (events), remaining and reset
+// (seconds). An admin action is rare: the event is emitted at once, and
+// the API answers when its subscribers have run.
+func (h *Handler) granted(p *zone, key string, amount float64, d algorithms.Decision) {
+	h.logger.Info("rate limit grant", zap.String("zone", p.base.name), zap.String("key", key), zap.String("tier", p.tier),
+		zap.Float64("amount", amount), zap.Int64("remaining", d.Remaining), zap.Float64("reset", float64(d.Reset)/microsPerSecond))
+	if e := h.events; e != nil && e.granted {
+		data := map[string]any{"zone": p.base.name, "key": key, "amount": amount, "remaining": d.Remaining, "reset": float64(d.Reset) / microsPerSecond}
+		if p.tier != "" {
+			data["tier"] = p.tier
+		}
+		e.app.Emit(e.ctx, eventGranted, data)
+	}
 }
 
 // subscribed reports whether one of subs can receive event from module:

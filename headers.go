@@ -2,6 +2,7 @@ package tollgate
 
 import (
 	"fmt"
+	"github.com/caddy-tollgate/tollgate/algorithms"
 	"net/http"
 	"strconv"
 	"strings"
@@ -99,7 +100,26 @@ func (h *Handler) writeHeaders(hdr http.Header, results []result, rejected int, 
 // (draft-ietf-httpapi-ratelimit-headers-11), one list item per zone.
 func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, retryAfter int64) {
 	var policy string
-	if len(results) == 1 {
+	calendar := false
+	for i := range results {
+		calendar = calendar || results[i].z.spec.Limit.Calendar.Unit != algorithms.NoUnit
+	}
+	if calendar {
+		// A calendar window's w is its own window's length: built per
+		// request.
+		var b strings.Builder
+		for i := range results {
+			item := results[i].z.policyAt(results[i].d.At)
+			if item == "" {
+				continue
+			}
+			if b.Len() > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(item)
+		}
+		policy = b.String()
+	} else if len(results) == 1 {
 		policy = results[0].z.policy // built at provision: no allocation
 	} else if p := onlyZonePolicy(results); p != "" {
 		policy = p // one zone's parts: built at provision too

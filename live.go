@@ -63,6 +63,7 @@ func liveZoneNamed(name string) bool {
 // liveZone is a zone of a live handler.
 type liveZone struct {
 	z       *zone
+	h       *Handler
 	now     func() int64 // the handler's clock
 	backend string       // the storage module's name
 }
@@ -76,7 +77,7 @@ func liveZones() []liveZone {
 	var zs []liveZone
 	for _, h := range live.handlers {
 		for _, z := range h.zones {
-			zs = append(zs, liveZone{z: z, now: h.now, backend: backendName(h.backend)})
+			zs = append(zs, liveZone{z: z, h: h, now: h.now, backend: backendName(h.backend)})
 		}
 	}
 	sort.SliceStable(zs, func(i, j int) bool { return zs[i].z.name < zs[j].z.name })

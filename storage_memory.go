@@ -53,6 +53,15 @@ func (pooledStore) Destruct() error { return nil }
 func memoryPoolKey(z storage.Zone, copies bool) string {
 	l := z.Limit
 	key := fmt.Sprintf("%s/%s/%d/%d/%d/%d/%d/%d", z.Name, l.Kind, l.Events, l.Window, l.Burst, l.MaxDelay, l.Hold, z.MaxKeys)
+	if c := l.Calendar; c.Unit != algorithms.NoUnit {
+		// Windows of the same nominal length in another zone or unit
+		// are other windows.
+		loc := "UTC"
+		if c.Loc != nil {
+			loc = c.Loc.String()
+		}
+		key += "/" + c.String() + "@" + loc
+	}
 	if copies {
 		key = "copy:" + key
 	}

@@ -512,6 +512,28 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 	return err
 }
 
+// Grant gives key extra quota for its current window on Redis (see
+// storage.Granter), through the breaker and timeout of a decision; the
+// local copy of on_storage_error local learns the key's state after it.
+func (l *redisLimiter) Grant(ctx context.Context, key string, now, amount int64) (algorithms.Decision, error) {
+	g, ok := l.inner.(storage.Granter)
+	if !ok {
+		return algorithms.Decision{}, fmt.Errorf("%T keeps no grants", l.inner)
+	}
+	var d algorithms.Decision
+	err := l.health.do(ctx, func() (bool, error) {
+		c, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		var err error
+		d, err = g.Grant(c, key, now, amount)
+		return true, err
+	})
+	if err == nil && l.copy != nil {
+		l.copy.Seed(key, d, 0, false)
+	}
+	return d, err
+}
+
 // Renew extends a concurrency lease (see redis.Store's zones' Renew).
 func (l *redisLimiter) Renew(ctx context.Context, key string, now int64, taken algorithms.Decision) error {
 	r, ok := l.inner.(leaseRenewer)
@@ -719,4 +741,5 @@ var (
 	_ caddy.CleanerUpper    = (*RedisStorage)(nil)
 	_ caddyfile.Unmarshaler = (*RedisStorage)(nil)
 	_ storage.Limiter       = (*redisLimiter)(nil)
+	_ storage.Granter       = (*redisLimiter)(nil)
 )

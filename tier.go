@@ -31,6 +31,9 @@ type Tier struct {
 	// Unlimited takes the request out of the zone: no state, no headers,
 	// no ban or concurrency from it. Default: false.
 	Unlimited bool `json:"unlimited,omitempty"`
+
+	// months is a window of calendar months, as Zone's.
+	months int64
 }
 
 // tierSettings are a zone's tiers, checked: the limit of each listed
@@ -70,15 +73,28 @@ func (zc *Zone) tierLimit(s *zoneSettings, value string, t *Tier) (*algorithms.L
 		return nil, fmt.Errorf("a tier needs events and window (or a rate), or unlimited")
 	}
 	if t.Unlimited {
-		if t.Events != 0 || t.Window != 0 || t.Burst != 0 {
+		if t.Events != 0 || t.Window != 0 || t.months != 0 || t.Burst != 0 {
 			return nil, fmt.Errorf("unlimited: takes no events, window or burst, got %d per %s, burst %d", t.Events, time.Duration(t.Window), t.Burst)
 		}
 		return nil, nil
 	}
-	if t.Events == 0 && t.Window == 0 {
+	if t.Events == 0 && t.Window == 0 && t.months == 0 {
 		return nil, fmt.Errorf("events and window are required (or a rate), or unlimited")
 	}
-	l, err := algorithms.NewLimit(s.limit.Kind, t.Events, time.Duration(t.Window), t.Burst, time.Duration(s.limit.MaxDelay)*time.Microsecond)
+	var l algorithms.Limit
+	var err error
+	switch {
+	case s.loc != nil:
+		// A tier of a calendar zone is a calendar window in its zone.
+		if t.Burst != 0 {
+			return nil, fmt.Errorf("burst: fixed_window has no bucket, got burst %d", t.Burst)
+		}
+		l, err = calendarLimit(t.Events, t.Window, t.months, s.loc)
+	case t.months > 0:
+		err = fmt.Errorf("window: %dmo has no fixed length: a window of months needs the zone's align calendar", t.months)
+	default:
+		l, err = algorithms.NewLimit(s.limit.Kind, t.Events, time.Duration(t.Window), t.Burst, time.Duration(s.limit.MaxDelay)*time.Microsecond)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -45,9 +45,28 @@ type Zone struct {
 	// Default: none, give events or max_events.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// Window is the duration Events are counted over, > 0. Default:
-	// none, required with events (or rate).
+	// Window is the duration Events are counted over, > 0. In JSON a
+	// number of nanoseconds or a duration string ("1h", "1d"); "1w" is 7
+	// days, and "1mo" (and multiples) a calendar month, which only a
+	// calendar window (Align) has. Default: none, required with events
+	// (or rate).
 	Window caddy.Duration `json:"window,omitempty"`
+
+	// Align "calendar" makes a fixed_window's windows calendar periods in
+	// Timezone: a window of whole days starts at local midnight, one of
+	// whole weeks on Monday, one of months ("1mo") on the 1st; days of 23
+	// or 25 hours and months of 28 to 31 days are whole windows. Without
+	// it, windows are fixed spans aligned to multiples of the span since
+	// the Unix epoch. Default: none.
+	Align string `json:"align,omitempty"`
+
+	// Timezone is the IANA time zone of a calendar window, such as
+	// "Europe/Berlin". Default: UTC.
+	Timezone string `json:"timezone,omitempty"`
+
+	// months is a window of calendar months ("1mo"), which Window cannot
+	// hold; 0 for any other window.
+	months int64
 
 	// Burst is the bucket capacity of token_bucket, gcra and leaky_bucket,
 	// in events. Default: Events.
@@ -227,6 +246,7 @@ type zone struct {
 type zoneSettings struct {
 	rate           bool             // the zone has a rate (events and window)
 	limit          algorithms.Limit // the rate
+	loc            *time.Location   // a calendar window's time zone, else nil
 	slots          *algorithms.Limit
 	ban            *algorithms.Limit
 	tiers          tierSettings
@@ -265,7 +285,12 @@ func (zc *Zone) settings() (zoneSettings, error) {
 	if err := zc.guards(&s); err != nil {
 		return s, err
 	}
-	s.rate = events != 0 || zc.Window != 0
+	s.rate = events != 0 || zc.Window != 0 || zc.months != 0
+	loc, err := zc.location(kind)
+	if err != nil {
+		return s, err
+	}
+	s.loc = loc
 	if !s.rate && s.slots == nil {
 		return s, fmt.Errorf("events and window are required (or rate), unless the zone has only concurrency")
 	}
@@ -275,7 +300,11 @@ func (zc *Zone) settings() (zoneSettings, error) {
 		}
 		s.limit = *s.slots
 	} else {
-		s.limit, err = algorithms.NewLimit(kind, events, time.Duration(zc.Window), zc.Burst, time.Duration(zc.MaxDelay))
+		if loc != nil {
+			s.limit, err = calendarLimit(events, zc.Window, zc.months, loc)
+		} else {
+			s.limit, err = algorithms.NewLimit(kind, events, time.Duration(zc.Window), zc.Burst, time.Duration(zc.MaxDelay))
+		}
 		if err != nil {
 			if rest, ok := strings.CutPrefix(err.Error(), "events: "); ok && eventsField != "events" {
 				err = fmt.Errorf("%s: %s", eventsField, rest)
@@ -571,6 +600,19 @@ func (z *zone) resolveCost(repl *caddy.Replacer) int64 {
 		return m
 	}
 	return z.defaultCost
+}
+
+// policyAt is the part's RateLimit-Policy list item for a decision made
+// at now: for a calendar window, the quota per the length of the window
+// that holds now (a DST day is 82800 or 90000 seconds, a month 28 to 31
+// days); for any other part its item built at provision.
+func (z *zone) policyAt(now int64) string {
+	cal := z.spec.Limit.Calendar
+	if cal.Unit == algorithms.NoUnit || z.policy == "" {
+		return z.policy
+	}
+	p := cal.Period(now)
+	return `"` + z.hname + `";q=` + strconv.FormatInt(z.spec.Limit.Events, 10) + `;w=` + strconv.FormatInt(ceilSeconds(p.End-p.Start), 10)
 }
 
 // policyItem is the zone's RateLimit-Policy list item: quota per window in

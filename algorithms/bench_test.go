@@ -23,6 +23,30 @@ func BenchmarkTake(b *testing.B) {
 	}
 }
 
+// BenchmarkTakeCalendar is a calendar window of a day and a month in a
+// zone with DST: the span is computed in the zone at every decision.
+func BenchmarkTakeCalendar(b *testing.B) {
+	loc, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, unit := range []Unit{Day, Month} {
+		l, err := NewCalendarLimit(1<<30, Calendar{unit, 1, loc})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("window="+l.Calendar.String(), func(b *testing.B) {
+			var s State
+			now := t0
+			b.ReportAllocs()
+			for b.Loop() {
+				now += 7 * ms
+				l.Take(&s, now, Milli)
+			}
+		})
+	}
+}
+
 // BenchmarkTakeShaping is a leaky_bucket delaying requests that arrive
 // faster than it leaks.
 func BenchmarkTakeShaping(b *testing.B) {

@@ -128,6 +128,10 @@ type Limit struct {
 	Tau int64
 	// Hold is how long a Ban lasts, in µs; 0 for every other kind.
 	Hold int64
+	// Calendar, for a fixed_window made by NewCalendarLimit, aligns its
+	// windows to the calendar; Window is then the nominal length (see
+	// Calendar.Nominal). The zero Calendar aligns windows to the epoch.
+	Calendar Calendar
 }
 
 // NewLimit validates a limit and derives its constants. burst 0 means
@@ -238,14 +242,19 @@ func CostMilli(cost float64) (int64, bool) {
 //
 //	token_bucket, leaky_bucket: At = last refill/leak (µs), Level = debt in ticks
 //	gcra:                       the theoretical arrival time: At µs + Level ticks (0 <= Level < Scale)
-//	fixed_window:               At = window start, Level = count (milli)
-//	sliding_window:             At = window start, Level = count, Prev = previous window's count
+//	fixed_window:               At = window start, Level = count (milli), Head = grant (milli)
+//	  with a calendar:          the same, and Prev = window end (µs)
+//	sliding_window:             At = window start, Level = count, Prev = previous window's count, Head = see below
 //	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many
 //
 // A sliding_window also keeps in Head what was charged in the previous
 // window: the same as Prev, but in a local copy seeded from another
 // store's decisions (see Seed), whose Prev may be a bound those decisions
-// tell, more than the copy saw charged.
+// tell, more than the copy saw charged. A fixed_window's Head is its
+// grant: extra quota given to the key for its current window (see
+// Limit.Grant), in milli-units, which ends with the window. Head is not a
+// field of its own so that a memory store's entry keeps to two cache
+// lines.
 //
 // A sliding_log's ring grows with its entries, from none.
 type State struct {
@@ -286,18 +295,41 @@ type Decision struct {
 // Take decides one request of cost milli-units at now and, if it is
 // admitted, charges it to s. A rejected request leaves s as it was, apart
 // from bringing it up to date with now (expired entries dropped, windows
-// rolled), which changes no decision.
+// rolled), which changes no decision. For a calendar window it is
+// shorthand for TakeIn(s, l.Calendar.Span(now), now, cost).
 func (l *Limit) Take(s *State, now, cost int64) Decision {
-	return l.decide(s, now, cost, true)
+	return l.decide(s, now, cost, true, nil)
 }
 
 // Peek reports what Take would decide for cost at now without charging it.
 // It may bring s up to date with now, as Take does.
 func (l *Limit) Peek(s *State, now, cost int64) Decision {
-	return l.decide(s, now, cost, false)
+	return l.decide(s, now, cost, false, nil)
 }
 
-func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
+// TakeIn is Take with the calendar window's bounds given: sp, computed on
+// any clock near the one now is read on (see Span). When s's window is
+// over and sp holds neither its period nor now, TakeIn decides nothing and
+// returns ErrOutsideSpan. A limit without a calendar ignores sp.
+func (l *Limit) TakeIn(s *State, sp Span, now, cost int64) (Decision, error) {
+	if !l.holds(s, sp, now) {
+		return Decision{}, ErrOutsideSpan
+	}
+	return l.decide(s, now, cost, true, &sp), nil
+}
+
+// PeekIn is Peek with the calendar window's bounds given, as TakeIn.
+func (l *Limit) PeekIn(s *State, sp Span, now, cost int64) (Decision, error) {
+	if !l.holds(s, sp, now) {
+		return Decision{}, ErrOutsideSpan
+	}
+	return l.decide(s, now, cost, false, &sp), nil
+}
+
+// decide decides at now; sp is a calendar window's span, which holds has
+// checked, or nil: for a calendar window, then, the span that holds now
+// (Take's and Peek's shorthand, kept out of them so that they inline).
+func (l *Limit) decide(s *State, now, cost int64, commit bool, sp *Span) Decision {
 	switch l.Kind {
 	case Concurrency:
 		return l.slots(s, now, commit)
@@ -306,7 +338,7 @@ func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
 	}
 	cost = max(cost, 0) // a negative cost would credit the key
 	if cost > l.Capacity() {
-		d := l.decide(s, now, 0, false)
+		d := l.decide(s, now, 0, false, sp)
 		d.Allowed, d.Wait, d.Delay = false, Never, 0
 		return d
 	}
@@ -316,6 +348,13 @@ func (l *Limit) decide(s *State, now, cost int64, commit bool) Decision {
 	case GCRA:
 		return l.gcra(s, now, cost, commit)
 	case FixedWindow:
+		if l.Calendar.Unit != NoUnit {
+			if sp == nil {
+				held := l.Calendar.Span(now)
+				sp = &held
+			}
+			return l.fixedPeriod(s, now, cost, commit, sp)
+		}
 		return l.fixedWindow(s, now, cost, commit)
 	case SlidingWindow:
 		return l.slidingWindow(s, now, cost, commit)

@@ -46,15 +46,22 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 			s.At, s.Level = n.At, n.Level // the later TAT
 		}
 	case FixedWindow:
-		start := d.At - d.At%l.Window
+		start, end := d.At-d.At%l.Window, int64(0)
+		if l.Calendar.Unit != NoUnit {
+			p := l.Calendar.Period(d.At)
+			start, end = p.Start, p.End
+		}
 		switch {
 		case start < s.At:
 			return // d's window no longer counts
 		case start > s.At:
-			s.At, s.Level, s.Prev, s.Head = start, 0, 0, 0 // s's no longer does
+			s.At, s.Level, s.Prev, s.Head = start, 0, end, 0 // s's no longer does
 		}
 		if d.Reset > 0 {
-			s.Level = max(s.Level, l.seedUsed(d))
+			// The most room Remaining allows; beyond the limit, a grant.
+			// Within a window both the count and the grant only grow.
+			room, limit := (d.Remaining+1)*Milli-1, l.Events*Milli
+			s.Level, s.Head = max(s.Level, limit-room), max(s.Head, room-limit)
 		}
 	case SlidingWindow:
 		l.seedSliding(s, d, cost)

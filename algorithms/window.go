@@ -5,9 +5,10 @@ import (
 	"math/bits"
 )
 
-// The window family counts cost in milli-units against Events * Milli.
-// Windows are aligned to multiples of W since the Unix epoch, so every
-// instance and store agrees on where a window starts.
+// The window family counts cost in milli-units against Events * Milli,
+// and a fixed_window against a grant (State.Head) on top. Windows are aligned to multiples of W
+// since the Unix epoch, or for a calendar window to the periods of its
+// Calendar, so every instance and store agrees on where a window starts.
 
 // roll brings a window state up to date with now and returns the
 // (possibly adjusted) now. The clock running backwards counts as no time
@@ -23,9 +24,15 @@ func (l *Limit) roll(s *State, now int64) int64 {
 		} else {
 			s.Prev = 0
 		}
-		s.Head = s.Prev // what was charged there (see State)
 		s.Level = 0
 		s.At = start
+		// A sliding_window keeps in Head what was charged in the previous
+		// window (see State); a fixed_window's Head is its grant, which
+		// ends with its window.
+		s.Head = 0
+		if l.Kind == SlidingWindow {
+			s.Head = s.Prev
+		}
 	}
 	return now
 }
@@ -33,8 +40,46 @@ func (l *Limit) roll(s *State, now int64) int64 {
 // fixedWindow: At = window start, Level = count in the window.
 func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool) Decision {
 	now = l.roll(s, now)
-	limit := l.Events * Milli
-	toNext := s.At + l.Window - now
+	return l.fixed(s, now, cost, commit, s.At+l.Window-now)
+}
+
+// holds reports whether a decision on s at now can be made with sp: for
+// a calendar window, whether the state's window still holds now (the
+// clock held, as roll holds it) or sp holds it.
+func (l *Limit) holds(s *State, sp Span, now int64) bool {
+	if l.Kind != FixedWindow || l.Calendar.Unit == NoUnit {
+		return true
+	}
+	now = max(now, s.At)
+	return now < s.Prev || (sp.Start <= now && now < sp.End)
+}
+
+// rollPeriod brings a calendar window's state up to date with now: when
+// its window is over, the period of sp that holds now starts (holds has
+// checked there is one). As roll, it holds a clock that ran backwards.
+func (l *Limit) rollPeriod(s *State, now int64, sp *Span) int64 {
+	now = max(now, s.At)
+	if now >= s.Prev {
+		s.At, s.Prev = sp.Start, sp.Mid
+		if now >= sp.Mid {
+			s.At, s.Prev = sp.Mid, sp.End
+		}
+		s.Level, s.Head = 0, 0
+	}
+	return now
+}
+
+// fixedPeriod is fixedWindow on a calendar: At = window start, Prev =
+// window end, Level = count in the window.
+func (l *Limit) fixedPeriod(s *State, now, cost int64, commit bool, sp *Span) Decision {
+	now = l.rollPeriod(s, now, sp)
+	return l.fixed(s, now, cost, commit, s.Prev-now)
+}
+
+// fixed decides a fixed window whose state is up to date with now and
+// whose window ends toNext µs after now.
+func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64) Decision {
+	limit := l.Events*Milli + s.Head
 	if s.Level+cost > limit {
 		return Decision{Remaining: (limit - s.Level) / Milli, Reset: toNext, Wait: toNext, At: now}
 	}
@@ -42,7 +87,7 @@ func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool) Decision {
 		s.Level += cost
 	}
 	d := Decision{Allowed: true, Remaining: (limit - s.Level) / Milli, At: now}
-	if s.Level > 0 {
+	if s.Level > 0 || s.Head > 0 {
 		d.Reset = toNext
 	}
 	return d
@@ -138,8 +183,8 @@ func (l *Limit) slidingWait(s *State, e, cost int64) int64 {
 		// at e' = W) and not now, at e.
 		return l.decayed(s.Prev, room, e+1) - e
 	}
-	// Next window: this window's count is the previous one, and the
-	// current one is empty.
+	// Next window: this window's count is the previous one, the current
+	// one is empty.
 	return l.Window - e + l.decayed(s.Level, limit-cost, 0)
 }
 
@@ -166,6 +211,14 @@ func (l *Limit) decayed(prev, room, lo int64) int64 {
 // longer counts is forgotten already; giving it to a later window would
 // mint quota.
 func (l *Limit) windowUndo(s *State, now, cost int64, taken Decision) {
+	if l.Calendar.Unit != NoUnit {
+		// Only the state's own window: a later one needs no bounds to
+		// know it was not charged.
+		if max(now, s.At) < s.Prev && s.At <= taken.At && taken.At < s.Prev {
+			s.Level = max(0, s.Level-cost)
+		}
+		return
+	}
 	l.roll(s, now)
 	charged := taken.At - taken.At%l.Window
 	switch {

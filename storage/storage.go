@@ -41,6 +41,15 @@ type Limiter interface {
 	Reset(ctx context.Context, key string) (ok bool, err error)
 }
 
+// Granter is a Limiter that can give one key extra quota for its current
+// window (see algorithms.Limit.Grant): the memory and Redis stores.
+type Granter interface {
+	// Grant gives key amount milli-units more for its current window and
+	// returns the decision one event would then get. A limit whose
+	// algorithm has no window fails with algorithms.ErrNoGrant.
+	Grant(ctx context.Context, key string, now, amount int64) (algorithms.Decision, error)
+}
+
 // MaxKeyLen is the longest resolved key stored as it is; BoundKey hashes
 // longer ones.
 const MaxKeyLen = 128

@@ -376,6 +376,23 @@ func (s *Store) touch(e *entry) {
 	s.list.mu.Unlock()
 }
 
+// Grant gives key amount milli-units of extra quota for its current
+// window at now (see algorithms.Limit.Grant), and returns the decision one
+// event would then get.
+func (s *Store) Grant(_ context.Context, key string, now, amount int64) (algorithms.Decision, error) {
+	if !s.limit.Grantable() {
+		return algorithms.Decision{}, algorithms.ErrNoGrant
+	}
+	now = s.at(now)
+	h, sh := s.locate(key)
+	sh.mu.Lock()
+	e, victim := s.get(sh, h, key)
+	d, err := s.limit.Grant(&e.state, now, amount)
+	sh.mu.Unlock()
+	s.drop(victim)
+	return d, err
+}
+
 // Undo gives back cost that the Take for key whose Decision is taken
 // charged, to where it was charged (see algorithms.Limit.Undo). A key that
 // was evicted or swept meanwhile has nothing to give back.
@@ -743,3 +760,5 @@ func lockAll(shards []*shard) []*shard {
 	}
 	return shards[:n]
 }
+
+var _ storage.Granter = (*Store)(nil)

@@ -14,7 +14,9 @@
 --      charge nothing, report Wait -1); 'p' peek (read only; nil for a
 --      key that does not exist); 'c' check (read only, as a take would
 --      decide; a key that does not exist is fresh); 'n' check a cost
---      above capacity (as 'r', read only); 'u' undo (returns nil)
+--      above capacity (as 'r', read only); 'u' undo (returns nil); 'g'
+--      grant x more for the window (fixed_window only; writes,
+--      and answers as a peek for one event)
 -- now: µs since the Unix epoch, as the script read it
 -- x:   the request's cost as the algorithm counts it
 -- ta, tr: for an undo, the At and Reset of the decision that charged what
@@ -37,6 +39,10 @@ local algs = {}
 -- slack is ms added to every TTL (0 in production; tests add some so that
 -- keys outlive a clock that tests hold still). The main part sets it.
 local slack = 0
+
+-- maxgrant is MaxGrant, the most quota a key's window can be granted
+-- (op 'g' of the window algorithms): 2^40 events in milli-units.
+local maxgrant = 1099511627776000
 
 -- clock returns the now argument as a number, or, when it is negative
 -- (production always passes -1), the server's clock in µs.

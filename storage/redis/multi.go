@@ -438,7 +438,7 @@ func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []pa
 			ta, tr = ds[i].At, ds[i].Reset
 		}
 		args = append(args, word(p.op), p.z.arg(p.x), word(block), ta, tr)
-		args = append(args, p.z.consts...)
+		args = append(args, p.z.constsAt(now)...)
 		args = append(args, groupIndex(g, p.strike-1)+1)
 	}
 	c.args = args

@@ -145,6 +145,7 @@ const (
 	opCheck      = "c"
 	opCheckNever = "n"
 	opRenew      = "l" // renew a concurrency lease
+	opGrant      = "g" // grant extra quota for the window
 	opSkip       = "k" // multi.lua: not decided (the key's ban held)
 	opSkipNever  = "m" // opSkip for a cost above the capacity ("n")
 )

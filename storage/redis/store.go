@@ -92,6 +92,10 @@ type Store struct {
 	// tests hold still.
 	callerClock bool
 	ttlSlack    int64
+	// skew is µs added to the caller's now where it stands for this
+	// instance's own clock (a calendar window's span), so that tests
+	// can run instances whose clocks disagree with Redis's.
+	skew int64
 }
 
 // New returns a store that keeps its keys in Redis under prefix (see Key).

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
@@ -22,6 +25,42 @@ type zone struct {
 	// lease id each time).
 	unit    int64
 	unitArg any
+	// span is a calendar window's constants for the span last computed
+	// (see constsAt); nil until then.
+	span atomic.Pointer[spanConsts]
+}
+
+// spanConsts is a calendar window's script constants for one span.
+type spanConsts struct {
+	sp   algorithms.Span
+	args []any
+}
+
+// spanLead is how far before an instance's now its span of two calendar
+// windows starts at the latest: a span holds Redis's clock when it is
+// behind the instance's by up to spanLead, or ahead by up to a window
+// less spanLead (22 hours of a 23-hour day). Beyond that, a decision is
+// refused (a store failure), never made in the wrong window.
+const spanLead = int64(time.Hour / time.Microsecond)
+
+// constsAt is the zone's script constants for a decision asked at now on
+// this instance's clock: for a calendar window (code fc) the span of the
+// window that holds now - spanLead and the next, which the script picks
+// from by Redis's clock, computed once per window; for any other zone its
+// constants.
+func (z *zone) constsAt(now int64) []any {
+	if z.limit.Calendar.Unit == algorithms.NoUnit {
+		return z.consts
+	}
+	at := now + z.store.skew - spanLead
+	c := z.span.Load()
+	if c == nil || at < c.sp.Start || at >= c.sp.Mid {
+		sp := z.limit.Calendar.Span(at)
+		i := func(n int64) any { return strconv.FormatInt(n, 10) }
+		c = &spanConsts{sp, []any{"fc", i(sp.Start), i(z.limit.Events * algorithms.Milli), i(sp.Mid), i(sp.End)}}
+		z.span.Store(c)
+	}
+	return c.args
 }
 
 // arg returns x as a script argument, without allocating when it is the
@@ -112,14 +151,25 @@ func (z *zone) Reset(ctx context.Context, key string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
-	if s := z.store; s.deny != nil {
-		// Every instance's deny cache forgets the key, this one's at once.
-		s.deny.forget(rkey)
-		if err := s.pubsub.Publish(ctx, s.prefix+ResetChannel, rkey).Err(); err != nil {
-			return n > 0, fmt.Errorf("redis store: reset %q: telling the other instances: %w", z.name, err)
-		}
+	if err := z.store.forget(ctx, rkey); err != nil {
+		return n > 0, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
 	return n > 0, nil
+}
+
+// forget has every instance's deny cache forget the Redis key rkey, this
+// one's at once, after a reset or a grant changed its state: a rejection
+// cached until the window's end would otherwise outlive a grant. The
+// instances' local copies follow it too (see OnReset).
+func (s *Store) forget(ctx context.Context, rkey string) error {
+	if s.deny == nil {
+		return nil
+	}
+	s.deny.forget(rkey)
+	if err := s.pubsub.Publish(ctx, s.prefix+ResetChannel, rkey).Err(); err != nil {
+		return fmt.Errorf("telling the other instances: %w", err)
+	}
+	return nil
 }
 
 // run runs the zone's one-key script (single.lua) for op with x (and, for
@@ -139,7 +189,7 @@ func (z *zone) runKey(ctx context.Context, op, rkey string, now, x int64, taken 
 	}
 	c := newCall(z.script, z.store.fns.fcall(), 1)
 	c.args = append(c.args, rkey, word(op), z.store.clock(now), z.store.ttlSlack, z.arg(x), taken.At, taken.Reset)
-	c.args = append(c.args, z.consts...)
+	c.args = append(c.args, z.constsAt(now)...)
 	v, err := z.store.run.run(ctx, c)
 	if err != nil {
 		return d, false, err
@@ -173,3 +223,24 @@ func (z *zone) Renew(ctx context.Context, key string, now int64, taken algorithm
 	}
 	return nil
 }
+
+// Grant gives key amount milli-units of extra quota for its current window
+// on Redis's clock (see algorithms.Limit.Grant), and returns the decision
+// one event would then get. Every instance sees it: it is in the key's
+// state.
+func (z *zone) Grant(ctx context.Context, key string, now, amount int64) (algorithms.Decision, error) {
+	if !z.limit.Grantable() {
+		return algorithms.Decision{}, fmt.Errorf("redis store: grant %q: %w", z.name, algorithms.ErrNoGrant)
+	}
+	rkey := z.store.key(key, z.tail)
+	d, _, err := z.runKey(ctx, opGrant, rkey, now, min(max(amount, 0), algorithms.MaxGrant), algorithms.Decision{})
+	if err == nil {
+		err = z.store.forget(ctx, rkey)
+	}
+	if err != nil {
+		return d, fmt.Errorf("redis store: grant %q: %w", z.name, err)
+	}
+	return d, nil
+}
+
+var _ storage.Granter = (*zone)(nil)

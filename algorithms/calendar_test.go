@@ -1,0 +1,344 @@
+package algorithms
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+	_ "time/tzdata" // the tests' zones, whatever the machine has
+)
+
+// zones are the time zones the calendar tests walk: one without DST, two
+// with it (an hour, on different dates), one with a half-hour offset and
+// one whose DST change is half an hour.
+var zones = []string{"UTC", "America/New_York", "Europe/Berlin", "Asia/Kolkata", "Australia/Lord_Howe"}
+
+func mustLoc(t testing.TB, name string) *time.Location {
+	t.Helper()
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loc
+}
+
+func micros(tm time.Time) int64 { return tm.UnixMicro() }
+
+// TestCalendarPeriods walks two years of windows of each unit in each
+// zone: every window starts where the last ended, at a local midnight, on
+// a Monday (weeks) or the 1st (months), and lasts its calendar length.
+func TestCalendarPeriods(t *testing.T) {
+	for _, name := range zones {
+		loc := mustLoc(t, name)
+		for _, cal := range []Calendar{{Day, 1, loc}, {Day, 2, loc}, {Week, 1, loc}, {Week, 2, loc}, {Month, 1, loc}, {Month, 3, loc}} {
+			t.Run(name+"/"+cal.String(), func(t *testing.T) {
+				from := micros(time.Date(2025, 12, 20, 13, 0, 0, 0, loc))
+				p := cal.Period(from)
+				if !(p.Start <= from && from < p.End) {
+					t.Fatalf("Period(%d) = %v does not hold it", from, p)
+				}
+				for i := 0; i < 800 && p.Start < micros(time.Date(2028, 1, 1, 0, 0, 0, 0, loc)); i++ {
+					s, e := time.UnixMicro(p.Start).In(loc), time.UnixMicro(p.End).In(loc)
+					if s.Hour() != 0 || s.Minute() != 0 || s.Second() != 0 {
+						t.Fatalf("window %d starts at %s, not a local midnight", i, s)
+					}
+					want := s.AddDate(0, 0, int(cal.Count))
+					switch cal.Unit {
+					case Week:
+						if s.Weekday() != time.Monday {
+							t.Fatalf("window %d starts on %s", i, s.Weekday())
+						}
+						want = s.AddDate(0, 0, 7*int(cal.Count))
+					case Month:
+						if s.Day() != 1 || (int(s.Month())-1)%int(cal.Count) != 0 {
+							t.Fatalf("window %d starts on %s", i, s)
+						}
+						want = s.AddDate(0, int(cal.Count), 0)
+					}
+					if !e.Equal(want) {
+						t.Fatalf("window %d: [%s, %s), want the end %s", i, s, e, want)
+					}
+					// Its last µs and its first belong to it; the next µs
+					// does not.
+					for _, now := range []int64{p.Start, p.End - 1, (p.Start + p.End) / 2} {
+						if got := cal.Period(now); got != p {
+							t.Fatalf("Period(%s) = %v, want %v", time.UnixMicro(now).In(loc), got, p)
+						}
+					}
+					if sp := cal.Span(p.End - 1); sp.Mid != p.End || sp.Start != p.Start || sp.End != cal.Period(p.End).End {
+						t.Fatalf("Span(%d) = %v", p.End-1, sp)
+					}
+					next := cal.Period(p.End)
+					if next.Start != p.End {
+						t.Fatalf("window %d ends at %d, the next starts at %d", i, p.End, next.Start)
+					}
+					p = next
+				}
+			})
+		}
+	}
+}
+
+// TestCalendarDSTDays: the days of a DST change are whole days of 23 and
+// 25 hours, and February is 28 or 29 days.
+func TestCalendarDSTDays(t *testing.T) {
+	ny, berlin, lh := mustLoc(t, "America/New_York"), mustLoc(t, "Europe/Berlin"), mustLoc(t, "Australia/Lord_Howe")
+	cases := []struct {
+		cal  Calendar
+		at   time.Time
+		want time.Duration
+	}{
+		{Calendar{Day, 1, ny}, time.Date(2026, 3, 8, 12, 0, 0, 0, ny), 23 * time.Hour},
+		{Calendar{Day, 1, ny}, time.Date(2026, 11, 1, 12, 0, 0, 0, ny), 25 * time.Hour},
+		{Calendar{Day, 1, berlin}, time.Date(2026, 3, 29, 12, 0, 0, 0, berlin), 23 * time.Hour},
+		{Calendar{Day, 1, berlin}, time.Date(2026, 10, 25, 12, 0, 0, 0, berlin), 25 * time.Hour},
+		{Calendar{Day, 1, lh}, time.Date(2026, 4, 5, 12, 0, 0, 0, lh), 24*time.Hour + 30*time.Minute},
+		{Calendar{Week, 1, berlin}, time.Date(2026, 3, 29, 12, 0, 0, 0, berlin), 7*24*time.Hour - time.Hour},
+		{Calendar{Month, 1, berlin}, time.Date(2028, 2, 29, 23, 59, 59, 0, berlin), 29 * 24 * time.Hour},
+		{Calendar{Month, 1, berlin}, time.Date(2027, 2, 28, 23, 59, 59, 0, berlin), 28 * 24 * time.Hour},
+		{Calendar{Month, 1, berlin}, time.Date(2026, 3, 31, 23, 0, 0, 0, berlin), 31*24*time.Hour - time.Hour},
+	}
+	for i, c := range cases {
+		p := c.cal.Period(micros(c.at))
+		if got := time.Duration(p.End-p.Start) * time.Microsecond; got != c.want {
+			t.Errorf("case %d: the %s window holding %s lasts %s, want %s", i, c.cal, c.at, got, c.want)
+		}
+	}
+}
+
+// TestCalendarWindow walks a fixed_window of 3 events a day in each zone
+// with a fake clock, a millisecond before and after each midnight, for
+// 400 days (two DST changes, a 29th of February): each day admits 3, the
+// 4th waits exactly until local midnight.
+func TestCalendarWindow(t *testing.T) {
+	for _, name := range zones {
+		loc := mustLoc(t, name)
+		l, err := NewCalendarLimit(3, Calendar{Day, 1, loc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(name, func(t *testing.T) {
+			var s State
+			day := time.Date(2027, 12, 31, 0, 0, 0, 0, loc)
+			for i := 0; i < 400; i++ {
+				next := time.Date(day.Year(), day.Month(), day.Day()+1, 0, 0, 0, 0, loc)
+				mid := micros(next) - int64(time.Millisecond/time.Microsecond)
+				for k := int64(0); k < 3; k++ {
+					d := l.Take(&s, mid-10_000_000+k, Milli)
+					if !d.Allowed || d.Remaining != 2-k || d.Reset != micros(next)-(mid-10_000_000+k) {
+						t.Fatalf("%s: take %d 10s before midnight: %+v", next, k, d)
+					}
+				}
+				if d := l.Take(&s, mid, Milli); d.Allowed || d.Wait != 1000 || d.Reset != 1000 {
+					t.Fatalf("%s: a millisecond before midnight: %+v, want a wait of 1000µs", next, d)
+				}
+				if d := l.Take(&s, micros(next)+1000, Milli); !d.Allowed || d.Remaining != 2 {
+					t.Fatalf("%s: a millisecond after midnight: %+v", next, d)
+				}
+				s = State{At: s.At, Prev: s.Prev, Level: 3 * Milli} // the day after's quota, all spent
+				if d := l.Peek(&s, micros(next)+2000, Milli); d.Allowed || d.Wait != micros(time.Date(next.Year(), next.Month(), next.Day()+1, 0, 0, 0, 0, loc))-micros(next)-2000 {
+					t.Fatalf("%s: a full day waits until the next midnight: %+v", next, d)
+				}
+				s = State{}
+				day = next
+			}
+		})
+	}
+}
+
+// TestCalendarReset: a request at 23:59:30 is told 30 seconds.
+func TestCalendarReset(t *testing.T) {
+	loc := mustLoc(t, "Asia/Kolkata")
+	l, err := NewCalendarLimit(1, Calendar{Day, 1, loc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s State
+	now := micros(time.Date(2026, 5, 4, 23, 59, 30, 0, loc))
+	if d := l.Take(&s, now, Milli); !d.Allowed || d.Reset != 30_000_000 {
+		t.Fatalf("first: %+v", d)
+	}
+	if d := l.Take(&s, now, Milli); d.Allowed || d.Wait != 30_000_000 {
+		t.Fatalf("second: %+v, want a wait of 30s", d)
+	}
+}
+
+// TestCalendarSpan: a span computed on another clock still decides in the
+// period that holds the deciding clock's now, and refuses when it holds
+// neither that nor the state's window.
+func TestCalendarSpan(t *testing.T) {
+	loc := mustLoc(t, "Europe/Berlin")
+	cal := Calendar{Day, 1, loc}
+	l, err := NewCalendarLimit(2, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	midnight := micros(time.Date(2026, 10, 26, 0, 0, 0, 0, loc))
+	hour := int64(3600e6)
+	var s State
+	// The instance's clock is an hour behind: its span holds the day
+	// before and this one.
+	sp := cal.Span(midnight - hour + 5)
+	for i := 0; i < 2; i++ {
+		if d, err := l.TakeIn(&s, sp, midnight+5, Milli); err != nil || !d.Allowed {
+			t.Fatalf("take %d: %+v, %v", i, d, err)
+		}
+	}
+	if s.At != midnight {
+		t.Fatalf("counted in the window from %d, want %d", s.At, midnight)
+	}
+	if d, _ := l.TakeIn(&s, sp, midnight+6, Milli); d.Allowed {
+		t.Fatalf("third: %+v", d)
+	}
+	// An instance a day and more ahead: the state's window still holds
+	// now, so its span is not needed.
+	ahead := cal.Span(midnight + 30*hour)
+	if d, err := l.TakeIn(&s, ahead, midnight+7, Milli); err != nil || d.Allowed {
+		t.Fatalf("ahead, within the state's window: %+v, %v", d, err)
+	}
+	// A fresh key: neither period holds now.
+	var fresh State
+	if _, err := l.TakeIn(&fresh, ahead, midnight+7, Milli); !errors.Is(err, ErrOutsideSpan) {
+		t.Fatalf("fresh key, span a day ahead: %v, want ErrOutsideSpan", err)
+	}
+	if fresh.At != 0 || fresh.Prev != 0 || fresh.Level != 0 {
+		t.Fatalf("a refused decision changed the state: %+v", fresh)
+	}
+}
+
+// TestGrant: a grant adds to the window it is given in, adds up, and ends
+// with the window, for fixed_window (epoch and calendar); the other
+// algorithms refuse it.
+func TestGrant(t *testing.T) {
+	loc := mustLoc(t, "America/New_York")
+	cal, _ := NewCalendarLimit(10, Calendar{Month, 1, loc})
+	limits := map[string]Limit{
+		"fixed_window":   mustLimit(t, FixedWindow, 10, time.Hour, 0, 0),
+		"calendar":       cal,
+	}
+	for name, l := range limits {
+		t.Run(name, func(t *testing.T) {
+			now := micros(time.Date(2026, 2, 10, 5, 0, 0, 0, loc))
+			now -= now % l.Window // the start of an epoch window
+			if l.Calendar.Unit != NoUnit {
+				now = cal.Calendar.Period(now).Start
+			}
+			var s State
+			admitted := func(at int64) int {
+				n := 0
+				for l.Take(&s, at, Milli).Allowed {
+					n++
+				}
+				return n
+			}
+			if n := admitted(now + 1); n != 10 {
+				t.Fatalf("before a grant: %d admitted, want 10", n)
+			}
+			d, err := l.Grant(&s, now+2, 5*Milli)
+			if err != nil || !d.Allowed || d.Remaining != 5 {
+				t.Fatalf("grant 5: %+v, %v", d, err)
+			}
+			if _, err := l.Grant(&s, now+3, 2500); err != nil {
+				t.Fatal(err)
+			}
+			if n := admitted(now + 4); n != 7 {
+				t.Fatalf("after grants of 5 and 2.5: %d more admitted, want 7", n)
+			}
+			if d := l.Peek(&s, now+4, 500); !d.Allowed {
+				t.Fatalf("the half event granted: %+v", d)
+			}
+			// The next window: the grant has ended.
+			end := now + l.Window
+			if l.Calendar.Unit != NoUnit {
+				end = cal.Calendar.Period(now).End
+			}
+			if n := admitted(end); n != 10 {
+				t.Fatalf("the next window: %d admitted, want 10", n)
+			}
+		})
+	}
+	for _, kind := range []Kind{TokenBucket, SlidingWindow, SlidingLog} {
+		l := mustLimit(t, kind, 10, time.Hour, 0, 0)
+		var s State
+		if _, err := l.Grant(&s, t0, Milli); !errors.Is(err, ErrNoGrant) {
+			t.Fatalf("%v grant: %v, want ErrNoGrant", kind, err)
+		}
+	}
+}
+
+// TestGrantNeverPasses: random takes and grants; in no window does a
+// fixed_window admit more than its events and what was granted in it.
+func TestGrantNeverPasses(t *testing.T) {
+	loc := mustLoc(t, "Europe/Berlin")
+	cal, _ := NewCalendarLimit(5, Calendar{Day, 1, loc})
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, l := range []Limit{mustLimit(t, FixedWindow, 5, time.Hour, 0, 0), cal} {
+		var s State
+		admitted, granted := map[int64]int64{}, map[int64]int64{}
+		now := micros(time.Date(2026, 3, 20, 0, 0, 0, 0, loc))
+		for i := 0; i < 20000; i++ {
+			now += r.Int64N(int64(2 * time.Hour / time.Microsecond / 10))
+			win := now - now%l.Window
+			if l.Calendar.Unit != NoUnit {
+				win = l.Calendar.Period(now).Start
+			}
+			if r.IntN(20) == 0 {
+				g := r.Int64N(3000)
+				if _, err := l.Grant(&s, now, g); err != nil {
+					t.Fatal(err)
+				}
+				granted[win] += g
+				continue
+			}
+			cost := r.Int64N(2000)
+			if l.Take(&s, now, cost).Allowed {
+				admitted[win] += cost
+			}
+		}
+		for w, a := range admitted {
+			if a > l.Events*Milli+granted[w] {
+				t.Fatalf("%s window %d admitted %d milli, granted %d", fmt.Sprint(l.Calendar), w, a, granted[w])
+			}
+		}
+	}
+}
+
+// TestSeedCalendar: a copy seeded from a calendar window's decision counts
+// in the same period, and keeps a grant as room.
+func TestSeedCalendar(t *testing.T) {
+	loc := mustLoc(t, "Asia/Kolkata")
+	l, _ := NewCalendarLimit(4, Calendar{Week, 1, loc})
+	now := micros(time.Date(2026, 6, 3, 10, 0, 0, 0, loc))
+	var real State
+	l.Take(&real, now, 3*Milli)
+	_, _ = l.Grant(&real, now, 2*Milli)
+	d := l.Take(&real, now, Milli)
+	var cp State
+	l.Seed(&cp, d, Milli, true)
+	p := l.Calendar.Period(now)
+	if cp.At != p.Start || cp.Prev != p.End {
+		t.Fatalf("seeded window [%d, %d), want %v", cp.At, cp.Prev, p)
+	}
+	for i := 0; i < 2; i++ {
+		a, b := l.Take(&real, now+1, Milli), l.Take(&cp, now+1, Milli)
+		if a.Allowed != b.Allowed || a.Remaining != b.Remaining || a.Reset != b.Reset {
+			t.Fatalf("take %d: real %+v, copy %+v", i, a, b)
+		}
+	}
+}
+
+// TestCalendarAllocs: a calendar window's decision, with its span
+// computed in its time zone, allocates nothing.
+func TestCalendarAllocs(t *testing.T) {
+	l, _ := NewCalendarLimit(1000, Calendar{Month, 1, mustLoc(t, "Europe/Berlin")})
+	var s State
+	now := micros(time.Date(2026, 3, 29, 1, 0, 0, 0, time.UTC))
+	if n := testing.AllocsPerRun(1000, func() {
+		now += 3600e6
+		l.Take(&s, now, Milli)
+		_, _ = l.Grant(&s, now, Milli)
+	}); n != 0 {
+		t.Fatalf("Take and Grant allocate %v times per call, want 0", n)
+	}
+}
