@@ -17,14 +17,16 @@ import (
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
-// heldHandler provisions a handler on srv with one zone of 4 requests in
-// flight per client IP, whose slots are leases of lease.
+// heldHandler provisions a handler with one zone of 4 requests in flight
+// per client IP, on srv, whose slots are leases of lease, or, with srv
+// nil, in memory.
 func heldHandler(tb testing.TB, srv *redistest.Server, lease time.Duration) *Handler {
 	tb.Helper()
-	z := Zone{Concurrency: 4, ConcurrencyLease: caddy.Duration(lease)}
-	h := &Handler{
-		RateLimits: map[string]*Zone{"held": &z},
-		StorageRaw: json.RawMessage(`{"module": "redis", "addresses": ["` + srv.Addr + `"], "timeout": "10s"}`),
+	z := Zone{Concurrency: 4}
+	h := &Handler{RateLimits: map[string]*Zone{"held": &z}}
+	if srv != nil {
+		z.ConcurrencyLease = caddy.Duration(lease)
+		h.StorageRaw = json.RawMessage(`{"module": "redis", "addresses": ["` + srv.Addr + `"], "timeout": "10s"}`)
 	}
 	provisionBench(tb, h)
 	return h
@@ -79,26 +81,44 @@ func holdRequests(tb testing.TB, h *Handler, reqs []*http.Request) (end func()) 
 	}
 }
 
-// heldCost holds reqs, first straight at the next handler, then through
-// h, and returns what each request held through h costs beyond the first:
-// goroutines and bytes (heap and stacks in use, after a collection).
-func heldCost(tb testing.TB, h *Handler, reqs []*http.Request) (goroutines, bytes float64, end func()) {
+// heldCost is what each request held through a handler costs beyond the
+// same request held straight at the next handler: goroutines, and bytes
+// of heap and of goroutine stacks in use (after two collections, which
+// also shrink the stacks that can be).
+type heldCost struct {
+	goroutines, heap, stack float64
+}
+
+// measureHeld holds reqs, first straight at the next handler, then through
+// h, and returns what each request held through h costs beyond the first,
+// and a function that ends them.
+func measureHeld(tb testing.TB, h *Handler, reqs []*http.Request) (heldCost, func()) {
 	tb.Helper()
-	inUse := func() (int, uint64) {
+	type use struct {
+		g           int
+		heap, stack uint64
+	}
+	inUse := func() use {
 		runtime.GC()
+		runtime.GC() // what sync.Pools held is gone after two
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
-		return runtime.NumGoroutine(), m.HeapInuse + m.StackInuse
+		return use{runtime.NumGoroutine(), m.HeapInuse, m.StackInuse}
 	}
-	g0, b0 := inUse()
+	u0 := inUse()
 	endBare := holdRequests(tb, nil, reqs)
-	g1, b1 := inUse()
+	u1 := inUse()
 	endBare()
-	g2, b2 := inUse()
-	end = holdRequests(tb, h, reqs)
-	g3, b3 := inUse()
+	u2 := inUse()
+	end := holdRequests(tb, h, reqs)
+	u3 := inUse()
 	n := float64(len(reqs))
-	return (float64(g3-g2) - float64(g1-g0)) / n, (float64(b3-b2) - float64(b1-b0)) / n, end
+	diff := func(a, b, c, d uint64) float64 { return (float64(d) - float64(c) - (float64(b) - float64(a))) / n }
+	return heldCost{
+		goroutines: (float64(u3.g-u2.g) - float64(u1.g-u0.g)) / n,
+		heap:       diff(u0.heap, u1.heap, u2.heap, u3.heap),
+		stack:      diff(u0.stack, u1.stack, u2.stack, u3.stack),
+	}, end
 }
 
 // TestHeldRequestsShareOneRenewal: requests holding Redis leases cost no
@@ -113,10 +133,10 @@ func TestHeldRequestsShareOneRenewal(t *testing.T) {
 	h := heldHandler(t, srv, time.Second)
 	const n = 200
 	reqs := benchRequests(n)
-	goroutines, _, end := heldCost(t, h, reqs)
+	cost, end := measureHeld(t, h, reqs)
 	defer end()
-	if goroutines > 0.1 {
-		t.Errorf("%.2f goroutines a held request, want none (one renewal loop for all)", goroutines)
+	if cost.goroutines > 0.1 {
+		t.Errorf("%.2f goroutines a held request, want none (one renewal loop for all)", cost.goroutines)
 	}
 	c := srv.Client()
 	scripts := func() int64 { return redistest.Calls(t, c, "evalsha", "eval", "fcall") }
@@ -155,31 +175,43 @@ func TestHeldRequestsShareOneRenewal(t *testing.T) {
 	}
 }
 
-// BenchmarkHeldRequests measures what requests holding Redis concurrency
-// slots cost while they run, at the default lease (30s, renewed every
-// 10s): bytes per held request (heap and stacks, beyond the same requests
-// held without the handler), goroutines per held request, and the script
-// calls Redis runs a second to keep them (INFO commandstats of the test's
-// own Redis, over one renewal period). Run it once per count:
+// BenchmarkHeldRequests measures what requests holding concurrency slots
+// cost while they run, at the default lease (30s, renewed every 10s):
+// goroutines, heap and stack bytes per held request (beyond the same
+// requests held without the handler), and the script calls Redis runs a
+// second to keep them, and the leases those renew (INFO commandstats of
+// the test's own Redis, over two renewal periods). The memory store, which keeps no leases, is the
+// reference for what a held request costs the handler without them (its
+// stack, mostly: the handler's frames under the next handler's). Run it
+// once per count:
 //
 //	flock /tmp/bench.lock go test -run '^$' -bench BenchmarkHeldRequests -benchtime 1x -count 3 .
 func BenchmarkHeldRequests(b *testing.B) {
-	for _, n := range []int{50_000} {
-		b.Run("held="+strconv.Itoa(n), func(b *testing.B) {
-			srv := redistest.Start(b)
+	for _, store := range []string{"memory", "redis"} {
+		b.Run("held=50000/store="+store, func(b *testing.B) {
+			var srv *redistest.Server
+			if store == "redis" {
+				srv = redistest.Start(b)
+			}
 			h := heldHandler(b, srv, defaultLease)
-			reqs := benchRequests(n)
-			c := srv.Client()
+			reqs := benchRequests(50_000)
 			for range b.N {
-				goroutines, bytes, end := heldCost(b, h, reqs)
-				before := redistest.Calls(b, c, "evalsha", "eval", "fcall")
-				window := defaultLease / 3
-				time.Sleep(window)
-				calls := redistest.Calls(b, c, "evalsha", "eval", "fcall") - before
+				cost, end := measureHeld(b, h, reqs)
+				if srv != nil {
+					c := srv.Client()
+					before := redistest.Calls(b, c, "evalsha", "eval", "fcall")
+					renewed := redistest.Calls(b, c, "zadd") // a renewal is a ZADD XX in a script
+					window := 2 * defaultLease / 3           // two renewals of each lease
+					time.Sleep(window)
+					calls := redistest.Calls(b, c, "evalsha", "eval", "fcall") - before
+					renewed = redistest.Calls(b, c, "zadd") - renewed
+					b.ReportMetric(float64(calls)/window.Seconds(), "calls/s")
+					b.ReportMetric(float64(renewed)/window.Seconds(), "renewals/s")
+				}
 				end()
-				b.ReportMetric(bytes, "B/held")
-				b.ReportMetric(goroutines, "goroutines/held")
-				b.ReportMetric(float64(calls)/window.Seconds(), "calls/s")
+				b.ReportMetric(cost.goroutines, "goroutines/held")
+				b.ReportMetric(cost.heap, "heapB/held")
+				b.ReportMetric(cost.stack, "stackB/held")
 			}
 		})
 	}

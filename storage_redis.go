@@ -253,7 +253,10 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 		}
 		p.health.logger = r.logger
 		logger := r.logger
-		p.store.WithLeases(r.timeout, func(err error) {
+		// A tick renews every lease due in one pipeline, which may take
+		// Redis longer than one decision's timeout: it gets a second at
+		// least.
+		p.store.WithLeases(max(r.timeout, time.Second), func(err error) {
 			if suppressed, ok := p.renewLog.allow(monotonicMicros(), logThrottleInterval); ok {
 				logger.Error("rate limit store failed", zap.Error(err), zap.Int64("suppressed", suppressed))
 			}

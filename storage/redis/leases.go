@@ -26,7 +26,8 @@ import (
 var renewLua string
 
 // renewScript renews many leases of one slot: common.lua, concurrency.lua
-// and renew.lua.
+// and renew.lua. It runs by EVALSHA even on a store that decides by FCALL
+// (WithFunctions): a few calls a second, whatever the leases held.
 var renewScript = newScript(commonLua + concurrencyLua + renewLua)
 
 // maxRenewKeys bounds the leases one renew.lua call renews, so that one
@@ -161,7 +162,7 @@ func renewEvery(lease int64) time.Duration {
 // add holds l, and starts the loop if it is not running (or wakes it for
 // a shorter tick). It reports false on a closed keeper.
 func (k *keeper) add(l *Lease) bool {
-	every := renewEvery(l.lease) / 2 // a lease is renewed between 1/3 and 1/2 of it after the last
+	every := renewEvery(l.lease) / 2 // a tick of a sixth of the lease (see tick)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
@@ -228,8 +229,13 @@ func (k *keeper) tick(now time.Duration) bool {
 		return false
 	}
 	k.due = k.due[:0]
+	// A lease due before the next tick's midpoint is renewed now: each
+	// is renewed between a quarter and 5/12 of its lease after the last
+	// renewal (ticks of a sixth of the shortest), so that a renewal that
+	// fails is tried again within the lease.
+	soon := now + k.every/2
 	for _, l := range k.held {
-		if now >= l.due {
+		if soon >= l.due {
 			k.due = append(k.due, renewal{rkey: l.rkey, id: l.id, lease: l.lease})
 			l.due = now + renewEvery(l.lease)
 		}
