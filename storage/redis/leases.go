@@ -71,9 +71,10 @@ type keeper struct {
 
 	// Test hooks: at is the now renew.lua is given when the store passes
 	// the caller's clock (see Store.callerClock); manual keeps the loop
-	// from starting, for tests that call tick themselves.
+	// from starting, for tests that call tick themselves; clock is theirs.
 	at     int64
 	manual bool
+	clock  func() time.Duration // replaces the keeper's clock (see now)
 
 	calls   atomic.Int64 // renew.lua calls made (read by tests and benchmarks)
 	renewed atomic.Int64 // leases renewed
@@ -149,8 +150,14 @@ func (s *Store) Held() int {
 	return len(s.leases.held)
 }
 
-// now is the keeper's clock.
-func (k *keeper) now() time.Duration { return time.Since(k.start) }
+// now is the keeper's clock: the time since it started, or the tests'
+// clock.
+func (k *keeper) now() time.Duration {
+	if k.clock != nil {
+		return k.clock()
+	}
+	return time.Since(k.start)
+}
 
 // renewEvery is how long after its last renewal (or its take) a lease is
 // renewed again: a third of it, so that a renewal that fails once still

@@ -169,7 +169,8 @@ func TestKeeperRenewsInOneCall(t *testing.T) {
 			s := New(client, "keep:")
 			s.callerClock = true
 			s.ttlSlack = testSlack.Milliseconds()
-			s.leases.manual = true // the test ticks
+			s.leases.manual = true // the test ticks, on its clock
+			s.leases.clock = func() time.Duration { return 0 }
 			defer s.Close()
 			zs := leaseZones(t, s)
 			ctx := context.Background()
@@ -192,7 +193,7 @@ func TestKeeperRenewsInOneCall(t *testing.T) {
 				}
 				hs = append(hs, held{z: z, key: key, d: d})
 			}
-			for i := range hs { // held at about the same time (start)
+			for i := range hs { // held at the keeper's time 0
 				hs[i].l = hs[i].z.Hold(hs[i].key, hs[i].d)
 			}
 			if s.Held() != 300 {
@@ -224,7 +225,7 @@ func TestKeeperRenewsInOneCall(t *testing.T) {
 				}
 				return redistest.Calls(t, one, "evalsha", "eval")
 			}
-			start := k.now()
+			start := time.Duration(0) // the leases were held then
 			// Not due yet at a quarter of the 1s lease.
 			before := evals()
 			k.at = now + 250_000
@@ -302,9 +303,14 @@ func TestKeeperLoopStops(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	l.Release()
-	for runtime.NumGoroutine() > base {
+	running := func() bool {
+		s.leases.mu.Lock()
+		defer s.leases.mu.Unlock()
+		return s.leases.running
+	}
+	for running() || runtime.NumGoroutine() > base {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines, want %d: the loop did not stop", runtime.NumGoroutine(), base)
+			t.Fatalf("loop running %v, %d goroutines (%d before the hold): the loop did not stop", running(), runtime.NumGoroutine(), base)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
