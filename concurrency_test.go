@@ -746,7 +746,7 @@ func reloadSite(up, zone, storage, extra string) string {
 // and no more. Before, memory started the counts afresh (a third
 // admitted at once), and the reload closed the old Redis client at once:
 // the running requests' leases were no longer renewed, and the new
-// configuration admitted a third once they lapsed (a lease of 1s here).
+// configuration admitted a third once they lapsed (a lease of 2s here).
 // The Redis zone denies when Redis fails, so that only Redis's leases
 // count (no local count).
 func TestReloadKeepsSlotsInFlight(t *testing.T) {
@@ -761,7 +761,7 @@ func TestReloadKeepsSlotsInFlight(t *testing.T) {
 		redis         bool
 	}{
 		{"memory", "", "max_keys 1000", "max_keys 2000", false},
-		{"redis", "concurrency_lease 1s\n\t\t\t\ton_storage_error deny", redisBlock(testTimeout), redisBlock("9s"), true},
+		{"redis", "concurrency_lease 2s\n\t\t\t\ton_storage_error deny", redisBlock(testTimeout), redisBlock("9s"), true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			up := newUpstream(t)
@@ -793,7 +793,7 @@ func TestReloadKeepsSlotsInFlight(t *testing.T) {
 				if liveRedisClient(t) == old {
 					t.Fatal("the reload kept the client: the test changes nothing")
 				}
-				time.Sleep(2500 * time.Millisecond) // over two leases: only renewals keep the slots
+				time.Sleep(4500 * time.Millisecond) // over two leases: only renewals keep the slots
 			}
 			resp, _ := get(t, tester, "/fast", "X-Client: "+key)
 			check(t, "a third after the reload", resp, "", want{429, map[string]string{"Retry-After": "1"}, ""})
