@@ -21,7 +21,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 )
 
 // upstream is a backend that holds each request until released (or until
@@ -611,9 +613,11 @@ func TestConcurrencyJSON(t *testing.T) {
 
 // TestConcurrencyWhenRedisGoesDown: a request holds a slot in Redis;
 // Redis stops; new requests are decided on this instance's memory
-// (on_storage_error local, the default), still at most 2 in flight and
-// never a 5xx; the held request ends without error though its slot cannot
-// be given back (its lease will end).
+// (on_storage_error local, the default), still at most 2 in flight, the
+// one Redis holds among them, and never a 5xx; the held request ends
+// without error though its slot cannot be given back (its lease will
+// end). Before, the local slots knew nothing of the one Redis held: two
+// more were admitted beside it, 3 in flight with concurrency 2.
 func TestConcurrencyWhenRedisGoesDown(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newUpstream(t)
@@ -624,23 +628,217 @@ func TestConcurrencyWhenRedisGoesDown(t *testing.T) {
 		t.Fatalf("held request: %d", status)
 	}
 	srv.Stop()
-	var dones []<-chan struct{}
-	for i := 0; i < 2; i++ {
-		status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", "down")
-		if status != 200 {
-			t.Fatalf("local request %d: status %d, want 200 (2 slots in this instance's memory)", i, status)
-		}
-		dones = append(dones, done)
+	status, local := startRequest(t, context.Background(), tester.Client, base+"/dl", "down")
+	if status != 200 {
+		t.Fatalf("local request: status %d, want 200 (one slot of 2 left in this instance)", status)
 	}
 	resp, _ := get(t, tester, "/fast", "X-Client: down")
 	check(t, "a third in flight, decided locally", resp, "", want{429, map[string]string{"Retry-After": "1"}, ""})
-	for range 3 {
+	if m := up.maxHeld.Load(); m > 2 {
+		t.Errorf("%d requests of one key in flight at once, want at most 2", m)
+	}
+	for range 2 {
 		up.release <- struct{}{}
 	}
 	<-held
-	for _, d := range dones {
-		<-d
-	}
+	<-local
 	resp, _ = get(t, tester, "/fast", "X-Client: down")
 	check(t, "after they ended", resp, "", want{200, nil, ""})
+}
+
+// TestConcurrencyThroughAnOutageAndBack: a request that held its slot in
+// Redis ends while a request admitted locally during an outage still
+// runs; in the next outage the instance still counts that one. Before,
+// the end of the Redis-held request also gave back a local slot it never
+// took (the running request's): the next outage admitted two more beside
+// it, 3 in flight with concurrency 2.
+func TestConcurrencyThroughAnOutageAndBack(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newUpstream(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(concurrencySite(up.URL, "storage redis {\n\t\t\t\taddresses "+srv.Addr+"\n\t\t\t\ttimeout "+testTimeout+"\n\t\t\t}"), "caddyfile")
+	start := func(step string, ctx context.Context) <-chan struct{} {
+		t.Helper()
+		status, done := startRequest(t, ctx, tester.Client, base+"/dl", "back")
+		if status != 200 {
+			t.Fatalf("%s: status %d, want 200", step, status)
+		}
+		return done
+	}
+	ctxA, endA := context.WithCancel(context.Background())
+	defer endA()
+	doneA := start("A, on Redis", ctxA)
+	srv.Stop()
+	doneB := start("B, local while Redis is down", context.Background())
+	srv.Restart()
+	waitRedisDecides(t, tester, srv)
+
+	// A ends with Redis back: it gives its slot back to Redis, and its
+	// own local count, not B's.
+	c := srv.Client()
+	calls := func() int64 { return redistest.Calls(t, c, "evalsha", "eval", "fcall") }
+	before := calls()
+	endA()
+	<-doneA
+	waitFor(t, "A's slot given back to Redis", func() bool { return calls() > before })
+	waitFor(t, "A to leave the upstream", func() bool { return up.held.Load() == 1 })
+	time.Sleep(100 * time.Millisecond) // room for A's release to finish
+
+	srv.Stop()
+	doneC := start("C, local in the next outage", context.Background())
+	resp, _ := get(t, tester, "/fast", "X-Client: back")
+	check(t, "D, with B and C in flight", resp, "", want{429, map[string]string{"Retry-After": "1"}, ""})
+	for range 2 {
+		up.release <- struct{}{}
+	}
+	<-doneB
+	<-doneC
+}
+
+// waitRedisDecides waits until the dl zone of concurrencySite decides on
+// srv again after an outage: a request of a key of its own holds its
+// slot there.
+func waitRedisDecides(t *testing.T, tester *caddytest.Tester, srv *redistest.Server) {
+	t.Helper()
+	c := srv.Client()
+	key := redisstore.New(nil, redisstore.DefaultPrefix).Key("dl", algorithms.Concurrency, "probe")
+	waitFor(t, "Redis to decide again", func() bool {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		status, done := startRequest(t, ctx, tester.Client, base+"/dl", "probe")
+		if status != 200 {
+			return false
+		}
+		held := c.Exists(context.Background(), key).Val() == 1
+		cancel()
+		<-done
+		return held
+	})
+}
+
+// reloadSite is a zone of 2 requests in flight per key, whose storage
+// block (and the rest of the handler: extra) each load sets.
+func reloadSite(up, zone, storage, extra string) string {
+	return globalOptions + `
+	localhost:9080 {
+		rate_limit {
+			zone dl {
+				key {http.request.header.X-Client}
+				concurrency 2
+				` + zone + `
+			}
+			` + storage + `
+			` + extra + `
+		}
+		handle /fast {
+			respond "ok"
+		}
+		handle {
+			reverse_proxy ` + strings.TrimPrefix(up, "http://") + `
+		}
+	}`
+}
+
+// TestReloadKeepsSlotsInFlight: two requests hold both slots of a key; a
+// reload changes a setting of the storage (memory: max_keys; Redis: the
+// timeout, which makes a new client) while they run; the new
+// configuration still refuses a third, and once they end, two run again
+// and no more. Before, memory started the counts afresh (a third
+// admitted at once), and the reload closed the old Redis client at once:
+// the running requests' leases were no longer renewed, and the new
+// configuration admitted a third once they lapsed (a lease of 2s here).
+// The Redis zone denies when Redis fails, so that only Redis's leases
+// count (no local count).
+func TestReloadKeepsSlotsInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	redisBlock := func(timeout string) string {
+		return "storage redis {\n\t\t\t\taddresses " + srv.Addr + "\n\t\t\t\ttimeout " + timeout + "\n\t\t\t}"
+	}
+	for _, c := range []struct {
+		name          string
+		zone          string
+		before, after string // what the reload changes
+		redis         bool
+	}{
+		{"memory", "", "max_keys 1000", "max_keys 2000", false},
+		{"redis", "concurrency_lease 2s\n\t\t\t\ton_storage_error deny", redisBlock(testTimeout), redisBlock("9s"), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up := newUpstream(t)
+			tester := caddytest.NewTester(t)
+			storage, extra := c.before, ""
+			if !c.redis {
+				storage, extra = "", c.before
+			}
+			tester.InitServer(reloadSite(up.URL, c.zone, storage, extra), "caddyfile")
+			key := "reload-" + c.name
+			var old *pooledRedis
+			if c.redis {
+				old = liveRedisClient(t)
+			}
+			var dones []<-chan struct{}
+			for i := range 2 {
+				status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", key)
+				if status != 200 {
+					t.Fatalf("request %d: status %d, want 200", i+1, status)
+				}
+				dones = append(dones, done)
+			}
+			storage, extra = c.after, ""
+			if !c.redis {
+				storage, extra = "", c.after
+			}
+			tester.InitServer(reloadSite(up.URL, c.zone, storage, extra), "caddyfile")
+			if c.redis {
+				if liveRedisClient(t) == old {
+					t.Fatal("the reload kept the client: the test changes nothing")
+				}
+				time.Sleep(4500 * time.Millisecond) // over two leases: only renewals keep the slots
+			}
+			resp, _ := get(t, tester, "/fast", "X-Client: "+key)
+			check(t, "a third after the reload", resp, "", want{429, map[string]string{"Retry-After": "1"}, ""})
+
+			for range dones {
+				up.release <- struct{}{}
+			}
+			for _, done := range dones {
+				<-done
+			}
+			waitFor(t, "every slot back", func() bool { return inFlight(t, "dl", key) == 0 })
+			if c.redis {
+				waitFor(t, "the old client closed once its last lease ended", func() bool {
+					return old.client.Ping(context.Background()).Err() != nil
+				})
+			}
+			for i := range 2 {
+				status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", key)
+				if status != 200 {
+					t.Fatalf("after: request %d: status %d, want 200", i+1, status)
+				}
+				dones[i] = done
+			}
+			resp, _ = get(t, tester, "/fast", "X-Client: "+key)
+			check(t, "after: a third", resp, "", want{429, nil, ""})
+			for range dones {
+				up.release <- struct{}{}
+			}
+			for _, done := range dones {
+				<-done
+			}
+		})
+	}
+}
+
+// liveRedisClient is the Redis client of the live handler (there is one).
+func liveRedisClient(t *testing.T) *pooledRedis {
+	t.Helper()
+	live.mu.Lock()
+	defer live.mu.Unlock()
+	for _, h := range live.handlers {
+		if h.redis != nil && h.redis.client != nil {
+			return h.redis.client
+		}
+	}
+	t.Fatal("no live handler on Redis")
+	return nil
 }

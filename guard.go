@@ -13,6 +13,7 @@ import (
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/memory"
+	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 )
 
 // A zone is decided as up to three parts, each a limit of its own with
@@ -136,25 +137,86 @@ func (res *result) holdsSlot() bool {
 	return res.z.role == roleSlots && res.d.Allowed && !storage.Skipped(res.d)
 }
 
-// leaseRenewer is a limiter whose concurrency slots are leases: Redis.
-type leaseRenewer interface {
-	Renew(ctx context.Context, key string, now int64, taken algorithms.Decision) error
+// twin is the local count that a slot res holds in Redis is also counted
+// in (see countSlots), or nil: a part of on_storage_error local whose
+// slot Redis gave. A slot its local count gave (Redis did not answer) is
+// counted there alone.
+func (res *result) twin() *memory.Store {
+	if res.z.local == nil || res.limiter == storage.Limiter(res.z.mem) {
+		return nil
+	}
+	return res.z.mem
 }
 
-// slotHold is the concurrency slots an admitted request holds, renewed
-// while it runs where they are leases.
+// countSlots counts in each concurrency part's local count (on_storage_error
+// local) the slot Redis just gave the request, results, decided at now
+// and admitted. A part's local count holds every request of the key this
+// instance has in flight, those Redis admitted and those it admitted on
+// its own while Redis did not answer, so that the instance never runs
+// more than the part's limit at once, through an outage and back (Redis's
+// count may lack the latter, or have let the former's leases lapse). A
+// part whose local count is full rejects the request: it returns that
+// part's index, with the local count's rejection as its decision, having
+// given back everything the request took, in Redis and here; or -1. A
+// dry-run part's rejection only gives back its own slot.
+func countSlots(ctx context.Context, now int64, results []result) int {
+	for i := range results {
+		res := &results[i]
+		m := res.twin()
+		if m == nil || !res.holdsSlot() {
+			continue
+		}
+		d, _ := m.Take(ctx, res.key, now, algorithms.Milli)
+		if d.Allowed {
+			continue
+		}
+		ctx := context.WithoutCancel(ctx)
+		if res.z.dryRun {
+			_ = res.limiter.Undo(ctx, res.key, now, algorithms.Milli, res.d)
+			res.d = d
+			continue
+		}
+		for j := range results {
+			o := &results[j]
+			switch {
+			case j == i:
+				_ = o.limiter.Undo(ctx, o.key, now, algorithms.Milli, o.d)
+			case o.holdsSlot():
+				if m := o.twin(); m != nil && j < i {
+					_ = m.Undo(ctx, o.key, now, algorithms.Milli, o.d)
+				}
+				_ = o.limiter.Undo(ctx, o.key, now, algorithms.Milli, o.d)
+			case o.charged():
+				_ = o.limiter.Undo(ctx, o.key, now, o.cost, o.d)
+			}
+		}
+		res.d = d
+		return i
+	}
+	return -1
+}
+
+// slotHold is the concurrency slots an admitted request holds until it
+// ends. A slot in Redis is a lease, which the store renews while it is
+// held (one loop per store, see redisstore.Lease), and whose client stays
+// open until it is given back, whatever reload comes meanwhile.
 type slotHold struct {
 	h     *Handler
-	slots []result      // copies: the request's results stay on its stack
-	done  chan struct{} // closed on release, when leases are renewed
-	buf   [2]result     // slots' first backing array
+	slots []heldSlot
+	buf   [2]heldSlot // slots' first backing array
 }
 
-// holdSlots starts renewing the leases of the slots results hold, and
-// returns what release gives back, or nil when they hold none.
+// heldSlot is one slot a request holds.
+type heldSlot struct {
+	res   result            // a copy: the request's results stay on its stack
+	lease *redisstore.Lease // renewed while held; nil in memory
+	pool  *pooledRedis      // kept open while held; nil in memory
+}
+
+// holdSlots holds the slots results hold (renewing those that are leases)
+// and returns what release gives back, or nil when they hold none.
 func (h *Handler) holdSlots(ctx context.Context, results []result) *slotHold {
 	var hold *slotHold
-	every := time.Duration(0)
 	for i := range results {
 		res := &results[i]
 		if !res.holdsSlot() {
@@ -164,57 +226,35 @@ func (h *Handler) holdSlots(ctx context.Context, results []result) *slotHold {
 			hold = &slotHold{h: h}
 			hold.slots = hold.buf[:0]
 		}
-		hold.slots = append(hold.slots, *res)
-		if _, ok := res.limiter.(leaseRenewer); ok {
-			lease := time.Duration(res.z.spec.Limit.Window) * time.Microsecond
-			if every == 0 || lease/3 < every {
-				every = lease / 3
-			}
+		s := heldSlot{res: *res}
+		if l, ok := res.limiter.(*redisLimiter); ok {
+			s.pool, s.lease = l.hold(res.key, res.d)
 		}
-	}
-	if every > 0 {
-		hold.done = make(chan struct{})
-		go hold.renew(context.WithoutCancel(ctx), every)
+		hold.slots = append(hold.slots, s)
 	}
 	return hold
 }
 
-// renew renews the held leases every interval until release.
-func (s *slotHold) renew(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.done:
-			return
-		case <-t.C:
-		}
-		now := s.h.now()
-		for i := range s.slots {
-			res := &s.slots[i]
-			lr, ok := res.limiter.(leaseRenewer)
-			if !ok {
-				continue
-			}
-			if err := lr.Renew(ctx, res.key, now, res.d); err != nil {
-				s.h.logStoreError(res.z, fmt.Errorf("renewing a concurrency lease: %w", err))
-			}
-		}
-	}
-}
-
 // release gives back the slots, however the request ended: the handler
-// chain returned, failed, panicked, or the client went away.
+// chain returned, failed, panicked, or the client went away. Each slot is
+// given back where it was taken: its local count first, then Redis, so
+// that the local count never holds a slot that Redis no longer does but
+// for a request still running.
 func (s *slotHold) release(ctx context.Context) {
-	if s.done != nil {
-		close(s.done) // leases: the limiter is remote, and the client may be gone
-		ctx = context.WithoutCancel(ctx)
-	}
+	ctx = context.WithoutCancel(ctx) // the client may be gone
 	now := s.h.now()
 	for i := range s.slots {
-		res := &s.slots[i]
+		hs := &s.slots[i]
+		res := &hs.res
+		hs.lease.Release()
+		if m := res.twin(); m != nil {
+			_ = m.Undo(ctx, res.key, now, algorithms.Milli, res.d)
+		}
 		if err := res.limiter.Undo(ctx, res.key, now, algorithms.Milli, res.d); err != nil {
 			s.h.logStoreError(res.z, fmt.Errorf("giving back a concurrency slot: %w", err))
+		}
+		if hs.pool != nil {
+			hs.pool.release()
 		}
 	}
 }

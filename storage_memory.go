@@ -50,9 +50,18 @@ func (pooledStore) Destruct() error { return nil }
 // Redis zone's local copy is kept apart from a memory zone of the same
 // name and limit: it runs on Redis's clock and holds what Redis decided,
 // so a reload between Redis and memory starts the zone afresh either way.
+//
+// Concurrency counts are requests in flight, which a reload does not end:
+// they are kept whatever max_keys and the lease (which memory does not
+// use) say, so that the requests running across a reload keep their
+// slots, and give them back where they took them.
 func memoryPoolKey(z storage.Zone, copies bool) string {
 	l := z.Limit
-	key := fmt.Sprintf("%s/%s/%d/%d/%d/%d/%d/%d", z.Name, l.Kind, l.Events, l.Window, l.Burst, l.MaxDelay, l.Hold, z.MaxKeys)
+	maxKeys := z.MaxKeys
+	if l.Kind == algorithms.Concurrency {
+		l.Window, maxKeys = 0, 0
+	}
+	key := fmt.Sprintf("%s/%s/%d/%d/%d/%d/%d/%d", z.Name, l.Kind, l.Events, l.Window, l.Burst, l.MaxDelay, l.Hold, maxKeys)
 	if c := l.Calendar; c.Unit != algorithms.NoUnit {
 		// Windows of the same nominal length in another zone or unit
 		// are other windows.

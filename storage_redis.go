@@ -96,11 +96,14 @@ type RedisStorage struct {
 	// the log. Off, always EVALSHA. Default: on.
 	Functions string `json:"functions,omitempty"`
 
-	client    *pooledRedis
-	poolKey   string
-	timeout   time.Duration
-	deadlines *sharedDeadlines // for decisions: one timer per millisecond
-	logger    *zap.Logger
+	client  *pooledRedis
+	poolKey string
+	// slotCopies: a concurrency zone on this storage counts its slots
+	// locally too (on_storage_error local, see countSlots).
+	slotCopies bool
+	timeout    time.Duration
+	deadlines  *sharedDeadlines // for decisions: one timer per millisecond
+	logger     *zap.Logger
 }
 
 // RedisTLS configures TLS to Redis.
@@ -143,12 +146,58 @@ type pooledRedis struct {
 		load <-chan struct{} // the load's context's Done
 		err  error
 	}
+	// refs counts the requests that hold a concurrency lease through the
+	// client: a reload that changes the storage settings retires it, and
+	// it stays open until the last of them gives its slot back, so that
+	// their leases are renewed and given back, not left to lapse.
+	refs struct {
+		sync.Mutex
+		held    int
+		retired bool // no configuration uses it: close once held is 0
+	}
+	renewLog logThrottle // failed lease renewals: one line per interval
 }
 
-// Destruct closes the client when no configuration uses it any more.
+// Destruct closes the client when no configuration uses it any more, or,
+// if requests still hold leases through it, once the last one ends.
 func (p *pooledRedis) Destruct() error {
+	p.refs.Lock()
+	p.refs.retired = true
+	idle := p.refs.held == 0
+	p.refs.Unlock()
+	if idle {
+		return p.close()
+	}
+	return nil
+}
+
+func (p *pooledRedis) close() error {
 	p.store.Close()
 	return p.client.Close()
+}
+
+// acquire counts a request holding a lease through the client, and
+// reports false if the client is closed (retired with none held).
+func (p *pooledRedis) acquire() bool {
+	p.refs.Lock()
+	defer p.refs.Unlock()
+	if p.refs.retired && p.refs.held == 0 {
+		return false
+	}
+	p.refs.held++
+	return true
+}
+
+// release ends what acquire counted, and closes a retired client that
+// no request holds any more.
+func (p *pooledRedis) release() {
+	p.refs.Lock()
+	p.refs.held--
+	last := p.refs.retired && p.refs.held == 0
+	p.refs.Unlock()
+	if last {
+		_ = p.close()
+	}
 }
 
 // Provision resolves placeholders, checks the settings and gets the shared
@@ -206,6 +255,15 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 			})
 		}
 		p.health.logger = r.logger
+		logger := r.logger
+		// A tick renews every lease due in one pipeline, which may take
+		// Redis longer than one decision's timeout: it gets a second at
+		// least.
+		p.store.WithLeases(max(r.timeout, time.Second), func(err error) {
+			if suppressed, ok := p.renewLog.allow(monotonicMicros(), logThrottleInterval); ok {
+				logger.Error("rate limit store failed", zap.Error(err), zap.Int64("suppressed", suppressed))
+			}
+		})
 		return p, nil
 	})
 	if err != nil {
@@ -424,7 +482,7 @@ func (r *RedisStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
 	if r.client == nil {
 		return nil, errors.New("redis storage is not provisioned")
 	}
-	return &redisLimiter{inner: r.client.store.Zone(z), timeout: r.timeout, health: &r.client.health}, nil
+	return &redisLimiter{inner: r.client.store.Zone(z), timeout: r.timeout, health: &r.client.health, pool: r.client}, nil
 }
 
 // redisLimiter bounds each call to a zone's Redis limiter by the timeout
@@ -433,6 +491,7 @@ type redisLimiter struct {
 	inner   storage.Limiter
 	timeout time.Duration
 	health  *redisHealth
+	pool    *pooledRedis // the client inner runs on
 	// copy is the zone's local copy for on_storage_error local (see
 	// follow), or nil: a give-back Redis makes is made there too, and a
 	// reset any instance makes is followed (see resetCopy).
@@ -506,7 +565,9 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 		defer cancel()
 		return true, l.inner.Undo(c, key, now, cost, taken)
 	})
-	if err == nil && l.copy != nil {
+	// A slot's local count is given back by its request itself (see
+	// countSlots): it is not a copy of Redis's.
+	if err == nil && l.copy != nil && l.copy.Limit().Kind != algorithms.Concurrency {
 		l.copy.Undo(ctx, key, now, cost, taken)
 	}
 	return err
@@ -534,17 +595,22 @@ func (l *redisLimiter) Grant(ctx context.Context, key string, now, amount int64)
 	return d, err
 }
 
-// Renew extends a concurrency lease (see redis.Store's zones' Renew).
-func (l *redisLimiter) Renew(ctx context.Context, key string, now int64, taken algorithms.Decision) error {
-	r, ok := l.inner.(leaseRenewer)
-	if !ok {
-		return fmt.Errorf("%T keeps no leases", l.inner)
+// leaseHolder is a Redis zone whose slots are leases (redis.Store's
+// concurrency zones).
+type leaseHolder interface {
+	Hold(key string, taken algorithms.Decision) *redisstore.Lease
+}
+
+// hold has the store renew the lease of the slot taken holds for key
+// until it is released, and keeps the client open meanwhile: the caller
+// releases the lease, then gives the slot back, then releases pool. Both
+// are nil when the client is closed already (the lease lapses).
+func (l *redisLimiter) hold(key string, taken algorithms.Decision) (pool *pooledRedis, lease *redisstore.Lease) {
+	h, ok := l.inner.(leaseHolder)
+	if !ok || !l.pool.acquire() {
+		return nil, nil
 	}
-	return l.health.do(ctx, func() (bool, error) {
-		c, cancel := context.WithTimeout(ctx, l.timeout)
-		defer cancel()
-		return true, r.Renew(c, key, now, taken)
-	})
+	return l.pool, h.Hold(key, taken)
 }
 
 func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
@@ -594,6 +660,9 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 	if v.Decided {
 		r.client.follow(now, v.Clock, results, v.Rejected < 0)
 	}
+	if v.Rejected < 0 && r.slotCopies {
+		return countSlots(ctx, now, results), nil
+	}
 	return v.Rejected, nil
 }
 
@@ -636,8 +705,12 @@ func followRedis(b Backend, p *zone, mem *memory.Store) {
 		return
 	}
 	l.copy = mem
-	// A concurrency part's local store holds the slots this instance
-	// took on its own, not a copy of Redis's: not seeded, not reset.
+	if p.spec.Limit.Kind == algorithms.Concurrency {
+		r.slotCopies = true
+	}
+	// A concurrency part's local store counts the requests of each key
+	// this instance has in flight (see countSlots), not a copy of
+	// Redis's: not seeded, not reset.
 	if p.spec.Limit.Kind != algorithms.Concurrency {
 		l.resets = make(chan struct{}, followedResets)
 		l.stopResets = r.client.store.OnReset(l.inner, l.resetCopy)

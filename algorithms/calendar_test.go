@@ -214,8 +214,8 @@ func TestGrant(t *testing.T) {
 	loc := mustLoc(t, "America/New_York")
 	cal, _ := NewCalendarLimit(10, Calendar{Month, 1, loc})
 	limits := map[string]Limit{
-		"fixed_window":   mustLimit(t, FixedWindow, 10, time.Hour, 0, 0),
-		"calendar":       cal,
+		"fixed_window": mustLimit(t, FixedWindow, 10, time.Hour, 0, 0),
+		"calendar":     cal,
 	}
 	for name, l := range limits {
 		t.Run(name, func(t *testing.T) {

@@ -28,6 +28,11 @@
 // earlier slots took when a later one rejects, which errs towards
 // rejecting and never admits more than a limit.
 //
+// A concurrency slot is a lease (concurrency.lua) that the store renews
+// while its request holds it (Zone's Hold): one loop per store renews
+// every lease due in a tick with one call of renew.lua per Cluster slot
+// (one in all on a single server), all in one pipeline (see Lease).
+//
 // Every write sets a TTL: the moment the state is fresh again, rounded up
 // to the millisecond, so that Redis forgets idle keys by itself. A state
 // that is fresh already is deleted instead of written. A check writes
@@ -82,6 +87,7 @@ type Store struct {
 	closed     bool
 	resets     resetHooks    // what resets the store hears of call (OnReset)
 	late       chan struct{} // bounds the give-backs run in the background (see settle)
+	leases     *keeper       // renews the concurrency leases held (see Zone's Hold)
 	// group is how TakeAll splits a request's keys into the groups that
 	// one script can decide together (see grouping).
 	group grouping
@@ -107,6 +113,7 @@ type Store struct {
 // client (a Ring, a wrapper) one per hash tag, since a Ring shards by tag.
 func New(client Client, prefix string) *Store {
 	s := &Store{client: client, run: direct{client: client}, prefix: prefix, group: byTag, late: make(chan struct{}, lateGiveBacks)}
+	s.leases = newKeeper(s)
 	switch client.(type) {
 	case *goredis.Client:
 		s.group = oneServer
@@ -134,9 +141,11 @@ func NewPipelined(client interface {
 	return s
 }
 
-// Close stops a pipelined store's batcher (calls after it fail) and a deny
-// cache's listening. It does not close the client.
+// Close stops a pipelined store's batcher (calls after it fail), the
+// renewal of leases and a deny cache's listening. It does not close the
+// client.
 func (s *Store) Close() {
+	s.leases.close()
 	if s.batch != nil {
 		s.batch.close()
 	}
