@@ -205,10 +205,10 @@ func TestGrantThroughAdmin(t *testing.T) {
 				t.Fatalf("grant 2: %d %+v", code, out)
 			}
 			// The CLI, for scripts and for people.
-			if out, err := runCLI(t, "--address", "localhost:2999", "--json", "grant", "daily", "grant-"+name, "0.5"); err != nil || !strings.Contains(out, `"granted":0.5`) {
+			if out, err := runCLI(t, "--address", testAdmin, "--json", "grant", "daily", "grant-"+name, "0.5"); err != nil || !strings.Contains(out, `"granted":0.5`) {
 				t.Fatalf("caddy rate-limit --json grant: %v, %s", err, out)
 			}
-			if out, err := runCLI(t, "--address", "localhost:2999", "grant", "daily", "grant-"+name, "0.5"); err != nil || !strings.Contains(out, `granted key "grant-`+name+`" in zone daily 0.5 more events for its current window: 3 remaining`) {
+			if out, err := runCLI(t, "--address", testAdmin, "grant", "daily", "grant-"+name, "0.5"); err != nil || !strings.Contains(out, `granted key "grant-`+name+`" in zone daily 0.5 more events for its current window: 3 remaining`) {
 				t.Fatalf("caddy rate-limit grant: %v, %s", err, out)
 			}
 			var st keyState

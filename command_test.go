@@ -162,7 +162,7 @@ func TestRateLimitCommand(t *testing.T) {
 	get(t, tester, "/guard", "X-Key: k")
 	get(t, tester, "/guard", "X-Key: g", "X-Plan: gold")
 
-	addr := "--address=localhost:2999"
+	addr := "--address=" + testAdmin
 
 	// zones --json prints the API's answer, byte for byte.
 	out, err := runCLI(t, addr, "--json", "zones")

@@ -36,9 +36,9 @@ func advance(d time.Duration) { fakeNow.Add(d.Microseconds()) }
 
 // globalOptions starts every test Caddyfile: caddytest's admin port, plain
 // HTTP on 9080.
-const globalOptions = `{
+var globalOptions = `{
 	skip_install_trust
-	admin localhost:2999
+	admin ` + testAdmin + `
 	http_port 9080
 	https_port 9443
 	grace_period 1ns
@@ -53,7 +53,7 @@ const base = "http://localhost:9080"
 // (`"name": {...}` entries, comma-terminated) before the HTTP app.
 func jsonConfig(apps, handlers string) string {
 	return `{
-		"admin": {"listen": "localhost:2999"},
+		"admin": {"listen": "` + testAdmin + `"},
 		"apps": {` + apps + `
 			"http": {"http_port": 9080, "servers": {"srv0": {
 				"listen": [":9080"],

@@ -49,6 +49,16 @@ import (
 // for the shrunk steps). TOLLGATE_INTERACT sets the time each store runs
 // for (default a few seconds; hours for a soak).
 
+// ixPort is one below the first instance's port: 9181 and 9182, or from
+// TOLLGATE_INTERACT_PORT on, so that a long run (with
+// TOLLGATE_TEST_ADMIN_PORT) can go on beside the rest of the suite.
+var ixPort = func() int {
+	if p, err := strconv.Atoi(os.Getenv("TOLLGATE_INTERACT_PORT")); err == nil && p > 0 {
+		return p - 1
+	}
+	return 9180
+}()
+
 // ixBudget is how long each store's sequence runs.
 func ixBudget(t *testing.T, short time.Duration) time.Duration {
 	if v := os.Getenv("TOLLGATE_INTERACT"); v != "" {
@@ -147,7 +157,7 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 			storage = fmt.Sprintf("\t\t\tmax_keys %d\n", s.maxKeys)
 		}
 		cfg += fmt.Sprintf(`
-	http://localhost:918%d {
+	http://localhost:%d {
 		rate_limit {
 %s%s			jitter %s
 		}
@@ -157,7 +167,7 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 			}
 		}
 		respond "ok"
-	}`, i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i)
+	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i)
 	}
 	return cfg
 }
@@ -407,7 +417,7 @@ func (r *ixRun) failf(format string, args ...any) {
 }
 
 func (r *ixRun) url(instance int, path string) string {
-	return fmt.Sprintf("http://localhost:918%d%s", instance, path)
+	return fmt.Sprintf("http://localhost:%d%s", ixPort+instance, path)
 }
 
 // send sends one request and records what it was admitted by.
@@ -888,7 +898,7 @@ func TestInteraction(t *testing.T) {
 			// Goroutines are counted with a configuration without
 			// Tollgate loaded, before and after the sequence: whatever the
 			// sequence started has ended by then.
-			plain := withGlobal("") + "\n\thttp://localhost:9181 {\n\t\trespond \"ok\"\n\t}\n"
+			plain := withGlobal("") + fmt.Sprintf("\n\thttp://localhost:%d {\n\t\trespond \"ok\"\n\t}\n", ixPort+1)
 			r.tester.InitServer(plain, "caddyfile")
 			r.tester.Client.CloseIdleConnections()
 			goroutines, _ := ixGoroutines()

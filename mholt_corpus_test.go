@@ -171,7 +171,7 @@ func runnable(t *testing.T, cfg []byte) []byte {
 	if err := json.Unmarshal(cfg, &c); err != nil {
 		t.Fatal(err)
 	}
-	c["admin"] = map[string]any{"listen": "localhost:2999"}
+	c["admin"] = map[string]any{"listen": testAdmin}
 	apps, _ := c["apps"].(map[string]any)
 	httpApp, _ := apps["http"].(map[string]any)
 	if httpApp == nil {

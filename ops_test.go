@@ -38,7 +38,7 @@ func init() {
 	caddy.RegisterModule(failingStorage{})
 }
 
-const adminBase = "http://localhost:2999"
+var adminBase = "http://" + testAdmin
 
 // withGlobal adds lines to the test global options.
 func withGlobal(lines string) string {
