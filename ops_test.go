@@ -739,7 +739,7 @@ func (failingLimiter) Undo(context.Context, string, int64, int64, algorithms.Dec
 func (failingLimiter) Peek(context.Context, string, int64) (algorithms.Decision, bool, error) {
 	return algorithms.Decision{}, false, errStoreDown
 }
-func (failingLimiter) Reset(context.Context, string) (bool, error) { return false, errStoreDown }
+func (failingLimiter) Reset(context.Context, string, int64) (bool, error) { return false, errStoreDown }
 
 // logLines returns the JSON log lines of logger in file.
 func logLines(t *testing.T, file, logger string) []map[string]any {

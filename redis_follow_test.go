@@ -141,7 +141,7 @@ func TestLocalCopyFollowsAResetElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := other.Zone(storage.Zone{Name: "elsewhere", Limit: l}).Reset(context.Background(), client); !ok || err != nil {
+	if ok, err := other.Zone(storage.Zone{Name: "elsewhere", Limit: l}).Reset(context.Background(), client, 0); !ok || err != nil {
 		t.Fatalf("reset on the other instance: %v, %v", ok, err)
 	}
 	var (

@@ -145,6 +145,7 @@ const (
 	opCheck      = "c"
 	opCheckNever = "n"
 	opRenew      = "l" // renew a concurrency lease
+	opReset      = "x" // single.lua: delete the key, and mark when
 	opSkip       = "k" // multi.lua: not decided (the key's ban held)
 	opSkipNever  = "m" // opSkip for a cost above the capacity ("n")
 )
