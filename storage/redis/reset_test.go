@@ -161,3 +161,54 @@ func TestResetMark(t *testing.T) {
 		t.Errorf("a third take in the window since the reset, after the undo of a take before it: Allowed = true, want false (%+v)", d)
 	}
 }
+
+// A request decided across groups (Cluster slots) gives back what the
+// groups taken took when a later one rejects it (see Store.settle): a
+// key reset in between gives nothing back there either. Before, multi.lua
+// took the give-back from what the key was charged since the reset.
+func TestMultiGiveBackAfterReset(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := context.Background()
+	for _, mode := range []string{"evalsha", "fcall"} {
+		t.Run(mode, func(t *testing.T) {
+			s := newTestStore(c)
+			if mode == "fcall" {
+				withFunctions(t, s)
+			}
+			a := zoneOf(s, "mg-a-"+mode, mustLimit(t, algorithms.FixedWindow, 2, time.Hour, 0, 0))
+			b := zoneOf(s, "mg-b-"+mode, mustLimit(t, algorithms.SlidingWindow, 2, time.Hour, 0, 0))
+			parts, err := s.parts([]Request{{Zone: a, Key: "k", Cost: algorithms.Milli}, {Zone: b, Key: "k", Cost: algorithms.Milli}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := []int{0, 1}
+			ds := make([]algorithms.Decision, 2)
+			now := epoch
+			if err := s.runGroup(ctx, multiDecide, now, parts, g, ds); err != nil {
+				t.Fatal(err)
+			}
+			if !ds[0].Allowed || !ds[1].Allowed {
+				t.Fatalf("the request's take: %+v, want admitted in both zones", ds)
+			}
+			for _, z := range []storage.Limiter{a, b} {
+				if ok, err := z.Reset(ctx, "k", now+1); !ok || err != nil {
+					t.Fatalf("Reset = %v, %v; want true", ok, err)
+				}
+				for i := range 2 {
+					if d, err := z.Take(ctx, "k", now+2, algorithms.Milli); err != nil || !d.Allowed {
+						t.Fatalf("take %d since the reset = %+v, %v; want admitted", i+1, d, err)
+					}
+				}
+			}
+			if err := s.giveBack(ctx, now+3, parts, g, ds); err != nil {
+				t.Fatal(err)
+			}
+			for i, z := range []storage.Limiter{a, b} {
+				if d, err := z.Take(ctx, "k", now+4, algorithms.Milli); err != nil || d.Allowed {
+					t.Errorf("zone %d: a third take since the reset, after the give-back of a take before it = %+v, %v; want refused", i, d, err)
+				}
+			}
+		})
+	}
+}
