@@ -21,8 +21,8 @@
 -- so that it cannot take from what the key was charged since. The mark
 -- is kept as long as a charge counts (storage.Horizon).
 slack = tonumber(ARGV[3])
-if KEYS[2] then
-	local op = ARGV[1]
+local op = ARGV[1]
+if (op == 'x' or op == 'u') and KEYS[2] then
 	local mark = tonumber(redis.call('GET', KEYS[2]))
 	if op == 'x' then
 		local now = clock(ARGV[2])
