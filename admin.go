@@ -379,13 +379,13 @@ func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string,
 				found = found || ok
 				continue
 			}
-			ok, err := p.limiter.Reset(r.Context(), stored)
+			ok, err := p.limiter.Reset(r.Context(), stored, lz.now())
 			if err != nil {
 				return storeUnavailable(lz.z.name, err)
 			}
 			found = found || ok
 			if p.local != nil { // on_storage_error local's fallback state
-				if ok, err := p.local.Reset(r.Context(), stored); err == nil && ok {
+				if ok, err := p.local.Reset(r.Context(), stored, lz.now()); err == nil && ok {
 					found = true
 				}
 			}

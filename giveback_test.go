@@ -108,3 +108,74 @@ func sendDelayed(t *testing.T, tester *caddytest.Tester, path, header string) (l
 		time.Sleep(200 * time.Millisecond) // the server sees it go and gives back
 	}
 }
+
+// TestGiveBackAfterAReset: zones shape (leaky_bucket with max_delay, /slow
+// only) and fw (fixed_window, 2 per hour, every path). A /slow request is
+// charged in fw and delayed by shape; fw's key is reset through the admin
+// API, and spent again by 2 requests; then the delayed client leaves. Its
+// charge was made before the reset, which gave it back already: fw must
+// still refuse a third request. Before, the give-back was taken from the
+// 2 charged since, and a third was admitted.
+func TestGiveBackAfterAReset(t *testing.T) {
+	const window = time.Hour
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone shape {
+				match {
+					path /slow
+				}
+				key {http.request.header.X-Client}
+				algorithm leaky_bucket
+				events 1
+				window 10s
+				burst 1
+				max_delay 30s
+			}
+			zone fw {
+				key {http.request.header.X-Client}
+				algorithm fixed_window
+				events 2
+				window 1h
+			}
+			`+storage(t)+`
+		}
+		respond "ok"
+	}`, "caddyfile")
+			// One window throughout: the memory store runs on the tests'
+			// fake clock, set at a window's start; Redis on its own, which
+			// must not be about to turn to the next hour.
+			if name == "memory" {
+				now := fakeNow.Load()
+				w := window.Microseconds()
+				fakeNow.Store(now - now%w + w + 100_000)
+			} else {
+				for time.Now().UnixMicro()%window.Microseconds() > window.Microseconds()-20*time.Second.Microseconds() {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			id := "reset-giveback-" + name
+			client := "X-Client: " + id
+
+			resp, _ := get(t, tester, "/slow", client)
+			check(t, "first /slow", resp, "", want{status: 200})
+			leave := sendDelayed(t, tester, "/slow", client)
+			time.Sleep(300 * time.Millisecond) // it waits in shape, charged in fw: 2 of 2
+
+			if code := adminDo(t, "DELETE", "/rate_limit/zones/fw/keys/"+id, nil); code != 200 {
+				t.Fatalf("admin reset of fw's key: status %d, want 200", code)
+			}
+			if got, want := statuses(t, tester, 2, []string{"/fast"}, client), "200 200 "; got != want {
+				t.Fatalf("after the reset: %q, want %q (2 per window)", got, want)
+			}
+			leave() // the delayed client leaves; its charge was made before the reset
+
+			if got, want := statuses(t, tester, 1, []string{"/fast"}, client), "429 "; got != want {
+				t.Fatalf("after the give-back: %q, want %q (the reset gave the charge back already)", got, want)
+			}
+		})
+	}
+}

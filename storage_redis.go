@@ -541,7 +541,7 @@ func (l *redisLimiter) resetCopy(key string) {
 		case held:
 			l.copy.Reseed(key, d) // a reset takes the copy back: not a merge
 		default:
-			_, _ = l.copy.Reset(context.Background(), key)
+			_, _ = l.copy.Reset(context.Background(), key, monotonicMicros())
 		}
 	}()
 }
@@ -619,10 +619,10 @@ func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (algorit
 	return l.inner.Peek(c, key, now)
 }
 
-func (l *redisLimiter) Reset(ctx context.Context, key string) (bool, error) {
+func (l *redisLimiter) Reset(ctx context.Context, key string, now int64) (bool, error) {
 	c, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	return l.inner.Reset(c, key)
+	return l.inner.Reset(c, key, now)
 }
 
 // takeAll decides all of a request's zones as one step: every zone is

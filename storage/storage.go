@@ -36,9 +36,22 @@ type Limiter interface {
 	// Peek reports key's state as the decision for one event would see it,
 	// charging nothing; ok is false for a key the store does not hold.
 	Peek(ctx context.Context, key string, now int64) (d algorithms.Decision, ok bool, err error)
-	// Reset forgets key, so that its next request finds a fresh state;
-	// ok is false for a key the store did not hold.
-	Reset(ctx context.Context, key string) (ok bool, err error)
+	// Reset forgets key at now, so that its next request finds a fresh
+	// state; ok is false for a key the store did not hold. What a
+	// request admitted before the reset was charged is forgotten with
+	// it: its Undo gives nothing back (the reset gave it all back), so
+	// that it cannot take from what the key was charged since.
+	Reset(ctx context.Context, key string, now int64) (ok bool, err error)
+}
+
+// Horizon is the longest, in µs, that a charge counts in a state of l after
+// the decision that made it: a window's charge counts in its window (and,
+// for sliding_window, in the next one's weighted count), a bucket's drains
+// in Tau (plus MaxDelay for a shaper). Past it, an Undo of the charge
+// gives nothing back whatever the state holds, so a store need not
+// remember a key's reset (see Limiter.Reset) for longer.
+func Horizon(l *algorithms.Limit) int64 {
+	return 2*l.Window + l.Tau/max(l.Scale, 1) + 1 + l.MaxDelay + l.Hold
 }
 
 // Granter is a Limiter that can give one key extra quota for its current

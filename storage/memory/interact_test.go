@@ -336,11 +336,11 @@ func (w *world) step(op interactOp) string {
 				w.stores[z].Undo(ctx, p.key, w.now, algorithms.Milli, p.ds[j])
 				delete(w.inFlight[p.key], p.id)
 			case z < numRates && op.giveBack && p.charged[j] && p.resets[j] != w.resets[z][p.key]:
-				// Known gap, not exercised: a give-back of a charge made
-				// before the key was reset is taken from what the key
-				// was charged since, up to the charge (see the report of
-				// seed 651).
-				w.logf("; zone %d reset since: not given back", z)
+				// A charge made before the key was reset: the reset
+				// forgot it (and the ledger with it), so its give-back
+				// must take nothing from what the key was charged since.
+				w.stores[z].Undo(ctx, p.key, w.now, p.costs[j], p.ds[j])
+				w.logf("; zone %d reset since: nothing to give back", z)
 			case z < numRates && op.giveBack && p.charged[j]:
 				w.stores[z].Undo(ctx, p.key, w.now, p.costs[j], p.ds[j])
 				ch := w.ledger[z][p.key]
@@ -359,7 +359,7 @@ func (w *world) step(op interactOp) string {
 		w.stores[s.zone].Seed(s.key, s.d, s.cost, s.charged)
 		w.logf("seed zone %d, %s from %+v, cost %d, charged %v", s.zone, s.key, s.d, s.cost, s.charged)
 	case opReset:
-		w.stores[op.pick].Reset(ctx, key)
+		w.stores[op.pick].Reset(ctx, key, w.now)
 		w.resets[op.pick][key]++
 		if op.pick == banPart {
 			delete(w.bans, key)

@@ -73,6 +73,73 @@ type Store struct {
 	// offset, when set (see Follow), is added to every time the store
 	// is given, so that it keeps another store's clock.
 	offset atomic.Pointer[atomic.Int64]
+	resets resetLog
+}
+
+// resetLog is when the store's keys were last reset, for as long as a
+// charge made before may still be given back (storage.Horizon): an Undo
+// of a charge made at or before its key's reset gives nothing back, since
+// the reset forgot the charge, and what the key holds now was charged
+// since. An entry has no room for the time (it is 128 bytes, two cache
+// lines), and resets are rare (the admin API's, a copy following
+// another instance's): the log is a small map beside the table, that
+// only Reset writes, and that an Undo reads only while any is set.
+//
+// Lock order: the key's shard, then mu.
+type resetLog struct {
+	any   atomic.Bool // some reset may still be within the horizon
+	mu    sync.RWMutex
+	at    map[string]int64 // key -> the time of its last reset
+	floor int64            // a reset of every key at this time: what the log dropped when full
+	until int64            // past this time, every reset in the log is beyond the horizon
+}
+
+// maxResets bounds the keys a store's resetLog holds: past it, the log
+// keeps only the latest reset time, for every key (see resetLog.record).
+const maxResets = 4096
+
+// record notes that key was reset at now, key's shard lock held. horizon
+// is storage.Horizon of the store's limit. When the log is full, every
+// reset in it becomes its floor, the latest of them, as if every key had
+// been reset then: a give-back of a charge made before it gives nothing
+// back, which errs towards refusing, and only for requests that were in
+// flight then.
+func (r *resetLog) record(key string, now, horizon int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.at == nil || now > r.until {
+		r.at, r.floor = map[string]int64{}, 0
+	}
+	if len(r.at) >= maxResets {
+		for _, t := range r.at {
+			r.floor = max(r.floor, t)
+		}
+		clear(r.at)
+	}
+	r.at[key] = max(now, r.at[key])
+	r.until = max(r.until, now+horizon)
+	r.any.Store(true)
+}
+
+// since reports whether key was reset at or after at (the time of the
+// decision that charged what is to be given back), key's shard lock held.
+// now is the give-back's time: once it is past every reset's horizon,
+// the log is emptied, and Undo no longer reads it.
+func (r *resetLog) since(key string, at, now int64) bool {
+	r.mu.RLock()
+	t, ok := r.at[key]
+	hit := at <= r.floor || ok && at <= t
+	stale := now > r.until
+	r.mu.RUnlock()
+	if stale {
+		r.mu.Lock()
+		if now > r.until {
+			r.at, r.floor = nil, 0
+			r.any.Store(false)
+		}
+		r.mu.Unlock()
+	}
+	return hit
 }
 
 // shard is a hash table of entries, guarded by mu: slots is empty or has
@@ -300,7 +367,8 @@ func (s *Store) Seed(key string, d algorithms.Decision, cost int64, charged bool
 // Reseed sets key's state to a copy of the shared state that made d,
 // whatever the copy held (see algorithms.Limit.Reseed): what a copy
 // follows after the key was reset on the other store, d being a look at
-// its state since.
+// its state since. A charge made at or before d.At gives nothing back
+// since (see Undo): the reset gave it back.
 func (s *Store) Reseed(key string, d algorithms.Decision) {
 	s.setCopy(key, d, 0, false, true)
 }
@@ -321,6 +389,11 @@ func (s *Store) setCopy(key string, d algorithms.Decision, cost int64, charged, 
 	}
 	h, sh := s.locate(key)
 	sh.mu.Lock()
+	if reseed {
+		// A charge made before d, and before the reset, is not the
+		// copy's to give back (see Undo).
+		s.resets.record(key, d.At, storage.Horizon(&s.limit))
+	}
 	e := sh.lookup(h, key)
 	var victim *entry
 	if e == nil {
@@ -395,11 +468,16 @@ func (s *Store) Grant(_ context.Context, key string, now, amount int64) (algorit
 
 // Undo gives back cost that the Take for key whose Decision is taken
 // charged, to where it was charged (see algorithms.Limit.Undo). A key that
-// was evicted or swept meanwhile has nothing to give back.
+// was evicted or swept meanwhile has nothing to give back, nor one reset
+// at or after taken.At: the reset gave the charge back.
 func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algorithms.Decision) error {
 	now = s.at(now)
 	h, sh := s.locate(key)
 	sh.mu.Lock()
+	if s.resets.any.Load() && s.resets.since(key, taken.At, now) {
+		sh.mu.Unlock()
+		return nil
+	}
 	if i := sh.live(h, key); i >= 0 {
 		e := sh.slots[i].e
 		s.limit.Undo(&e.state, now, cost, taken)
@@ -425,8 +503,10 @@ func (s *Store) Peek(_ context.Context, key string, now int64) (algorithms.Decis
 	return s.limit.Peek(&e.state, now, algorithms.Milli), true, nil
 }
 
-// Reset forgets key. ok is false for a key the store did not hold.
-func (s *Store) Reset(_ context.Context, key string) (bool, error) {
+// Reset forgets key at now. ok is false for a key the store did not hold.
+// A charge made before, at or before now, gives nothing back (see Undo).
+func (s *Store) Reset(_ context.Context, key string, now int64) (bool, error) {
+	now = s.at(now)
 	h, sh := s.locate(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -434,6 +514,10 @@ func (s *Store) Reset(_ context.Context, key string) (bool, error) {
 	if i < 0 {
 		return false, nil
 	}
+	// At the latest time the state has seen, if the clock ran backwards:
+	// every charge it holds was made at or before that.
+	d := s.limit.Peek(&sh.slots[i].e.state, now, 0)
+	s.resets.record(key, max(now, d.At), storage.Horizon(&s.limit))
 	s.remove(sh, i)
 	sh.shrink()
 	return true, nil

@@ -263,10 +263,10 @@ func TestResetAndUndo(t *testing.T) {
 	if !take(t, s, "a", now).Allowed {
 		t.Fatal("Take after Undo = false, want true")
 	}
-	if ok, _ := s.Reset(ctx, "a"); !ok {
+	if ok, _ := s.Reset(ctx, "a", now); !ok {
 		t.Fatal("Reset(a) = false, want true")
 	}
-	if ok, _ := s.Reset(ctx, "a"); ok {
+	if ok, _ := s.Reset(ctx, "a", now); ok {
 		t.Fatal("second Reset(a) = true, want false")
 	}
 	if !take(t, s, "a", now).Allowed {

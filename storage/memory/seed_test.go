@@ -172,7 +172,7 @@ func TestSeedNeverGoesBack(t *testing.T) {
 			}
 			// The key is reset on the shared store, which then charges
 			// one request: the copy follows.
-			if _, err := shared.Reset(context.Background(), "k"); err != nil {
+			if _, err := shared.Reset(context.Background(), "k", now+4*sec); err != nil {
 				t.Fatal(err)
 			}
 			d := take(t, shared, "k", now+4*sec)

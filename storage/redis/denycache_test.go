@@ -111,7 +111,7 @@ func TestDenyCacheResetEverywhere(t *testing.T) {
 		t.Fatal("second take admitted, want rejected (and cached)")
 	}
 	time.Sleep(100 * time.Millisecond) // a's subscription is up
-	if ok, err := zb.Reset(context.Background(), "k"); !ok || err != nil {
+	if ok, err := zb.Reset(context.Background(), "k", 0); !ok || err != nil {
 		t.Fatalf("reset on b: %v, %v", ok, err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -266,7 +266,7 @@ func TestOnReset(t *testing.T) {
 		}
 	}
 	for _, key := range []string{"k", "a}:{b", "", "12:x}y", strings.Repeat("z", 200)} {
-		if _, err := zb.Reset(context.Background(), key); err != nil {
+		if _, err := zb.Reset(context.Background(), key, 0); err != nil {
 			t.Fatal(err)
 		}
 		if got := next(); got != key {
@@ -277,7 +277,7 @@ func TestOnReset(t *testing.T) {
 	// Resets are heard in order: had the stopped hook been called for
 	// the first, it would have been before the second zone's.
 	for _, z := range []storage.Limiter{zb, other} {
-		if _, err := z.Reset(context.Background(), "after"); err != nil {
+		if _, err := z.Reset(context.Background(), "after", 0); err != nil {
 			t.Fatal(err)
 		}
 	}

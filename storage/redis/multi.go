@@ -421,10 +421,24 @@ func (s *Store) giveBackLater(budget time.Duration, now int64, parts []part, tak
 // group g, and stores their decisions in ds (a part that gives back reads
 // there the decision that charged it).
 func (s *Store) runGroup(ctx context.Context, what string, now int64, parts []part, g []int, ds []algorithms.Decision) error {
-	c := newCall(multiScript, s.fns.fcall(), len(g))
-	args := slices.Grow(c.args, len(g)+3+11*len(g))
+	// A give-back reads each key's reset mark too (see multi.lua).
+	marked := false
+	for _, i := range g {
+		marked = marked || parts[i].op == opUndo
+	}
+	nkeys := len(g)
+	if marked {
+		nkeys *= 2
+	}
+	c := newCall(multiScript, s.fns.fcall(), nkeys)
+	args := slices.Grow(c.args, nkeys+3+11*len(g))
 	for _, i := range g {
 		args = append(args, parts[i].key)
+	}
+	if marked {
+		for _, i := range g {
+			args = append(args, resetMark(parts[i].key))
+		}
 	}
 	args = append(args, word(what), s.clock(now), s.ttlSlack)
 	for _, i := range g {

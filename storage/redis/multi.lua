@@ -3,7 +3,8 @@
 -- of its keys are in one Cluster slot, and it reads the clock once, so that
 -- every zone decides at the same now.
 --
--- KEYS:         the zones' keys, one per zone, all different
+-- KEYS:         the zones' keys, one per zone, all different; when giving
+--               back, then each one's reset mark (see single.lua)
 -- ARGV[1] what: 'd' decide: check every zone and, if no blocking zone
 --               rejects, take in every admitting zone; 'c' check only;
 --               's' check, and strike the bans (see below)
@@ -32,6 +33,7 @@ local now = clock(ARGV[2])
 slack = tonumber(ARGV[3])
 
 local per = 11
+local zones = (#ARGV - 3) / per
 
 local function run(i, op)
 	local a = 4 + per * (i - 1)
@@ -43,11 +45,16 @@ end
 local ds = {}
 local skipped = {}
 local admit = true
-for i = 1, #KEYS do
+for i = 1, zones do
 	local a = 4 + per * (i - 1)
 	local op = ARGV[a]
 	if op == 'u' then
-		run(i, 'u')
+		-- Nothing to give back of a charge made before the key's reset:
+		-- the reset gave it back.
+		local mark = KEYS[zones + i] and tonumber(redis.call('GET', KEYS[zones + i]))
+		if not (mark and tonumber(ARGV[a + 3]) <= mark) then
+			run(i, 'u')
+		end
 		op = 'c'
 	end
 	local ban = tonumber(ARGV[a + 10])
@@ -84,7 +91,7 @@ end
 -- Decided on the same state at the same now, a take admits exactly when
 -- its check did.
 if what == 'd' and admit then
-	for i = 1, #KEYS do
+	for i = 1, zones do
 		if ds[i][1] == 1 and not skipped[i] then
 			ds[i] = run(i, 't')
 		end
@@ -92,9 +99,9 @@ if what == 'd' and admit then
 end
 
 if what == 'd' or what == 's' then
-	for b = 1, #KEYS do
+	for b = 1, zones do
 		if ARGV[4 + per * (b - 1) + 5] == 'bn' and ds[b][1] == 1 then
-			for j = b + 1, #KEYS do
+			for j = b + 1, zones do
 				if tonumber(ARGV[4 + per * (j - 1) + 10]) == b and ds[j][1] == 0 then
 					ds[b] = run(b, 's')
 					break
@@ -105,7 +112,7 @@ if what == 'd' or what == 's' then
 end
 
 local out = {}
-for i = 1, #KEYS do
+for i = 1, zones do
 	local d = ds[i]
 	for j = 1, 6 do
 		out[6 * (i - 1) + j] = d[j]

@@ -146,6 +146,7 @@ const (
 	opCheckNever = "n"
 	opRenew      = "l" // renew a concurrency lease
 	opGrant      = "g" // grant extra quota for the window
+	opReset      = "x" // single.lua: delete the key, and mark when
 	opSkip       = "k" // multi.lua: not decided (the key's ban held)
 	opSkipNever  = "m" // opSkip for a cost above the capacity ("n")
 )

@@ -263,7 +263,7 @@ func TestPeekAndReset(t *testing.T) {
 			if _, ok, err := zl.Peek(ctx, "k", 0); err != nil || ok {
 				t.Fatalf("Peek(new key): ok = %v, %v; want false", ok, err)
 			}
-			if ok, err := zl.Reset(ctx, "k"); err != nil || ok {
+			if ok, err := zl.Reset(ctx, "k", 0); err != nil || ok {
 				t.Fatalf("Reset(new key) = %v, %v; want false", ok, err)
 			}
 			for i := 0; i < 3; i++ {
@@ -279,7 +279,7 @@ func TestPeekAndReset(t *testing.T) {
 			if d2, _, _ := zl.Peek(ctx, "k", 0); d2.Allowed || d2.Remaining != 0 {
 				t.Errorf("second Peek = %+v", d2)
 			}
-			if ok, err := zl.Reset(ctx, "k"); err != nil || !ok {
+			if ok, err := zl.Reset(ctx, "k", 0); err != nil || !ok {
 				t.Fatalf("Reset(full key) = %v, %v; want true", ok, err)
 			}
 			if d, err := zl.Take(ctx, "k", 0, 1000); err != nil || !d.Allowed || d.Remaining != 2 {
@@ -386,7 +386,7 @@ func TestCluster(t *testing.T) {
 			if _, ok, err := zl.Peek(ctx, key, 0); err != nil || !ok {
 				t.Fatalf("%s %s Peek: ok = %v, %v", kind, key, ok, err)
 			}
-			if ok, err := zl.Reset(ctx, key); err != nil || !ok {
+			if ok, err := zl.Reset(ctx, key, 0); err != nil || !ok {
 				t.Fatalf("%s %s Reset = %v, %v", kind, key, ok, err)
 			}
 		}

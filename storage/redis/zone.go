@@ -112,9 +112,11 @@ func (z *zone) Take(ctx context.Context, key string, now, cost int64) (algorithm
 
 // Undo gives back cost that the Take for key whose Decision is taken
 // admitted, to where it was charged (see algorithms.Limit.Undo). A key that
-// has expired or been reset meanwhile has nothing to give back.
+// has expired meanwhile has nothing to give back, nor one reset at or
+// after taken.At (by the server's clock, as taken.At): the reset gave the
+// charge back.
 func (z *zone) Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error {
-	if _, _, err := z.run(ctx, opUndo, key, now, undoAmount(&z.limit, cost), taken); err != nil {
+	if _, _, err := z.runKeys(ctx, opUndo, z.store.key(key, z.tail), true, now, undoAmount(&z.limit, cost), taken); err != nil {
 		return fmt.Errorf("redis store: undo %q: %w", z.name, err)
 	}
 	return nil
@@ -141,16 +143,29 @@ func (z *zone) Peek(ctx context.Context, key string, now int64) (algorithms.Deci
 	return d, ok, nil
 }
 
-// Reset deletes key's state. ok is false for a key Redis did not hold.
-func (z *zone) Reset(ctx context.Context, key string) (bool, error) {
+// Reset deletes key's state by the Redis server's clock (now is ignored),
+// and marks when it did (see single.lua), so that a charge made before
+// gives nothing back (see Undo). ok is false for a key Redis did not hold.
+func (z *zone) Reset(ctx context.Context, key string, now int64) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
+	if z.script == nil {
+		return false, fmt.Errorf("redis store: reset %q: unknown algorithm %s", z.name, z.limit.Kind)
+	}
 	rkey := z.store.key(key, z.tail)
-	n, err := z.store.client.Del(ctx, rkey).Result()
+	c := newCall(z.script, z.store.fns.fcall(), 2)
+	keep := (storage.Horizon(&z.limit) + 999) / 1000 // ms
+	c.args = append(c.args, rkey, resetMark(rkey), word(opReset), z.store.clock(now), z.store.ttlSlack, keep, 0, 0)
+	c.args = append(c.args, z.constsAt(now)...)
+	v, err := z.store.run.run(ctx, c)
+	if err == nil && len(v) != 1 {
+		err = fmt.Errorf("%w: %v", errReply, v)
+	}
 	if err != nil {
 		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
+	n := v[0]
 	if err := z.store.forget(ctx, rkey); err != nil {
 		return n > 0, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
@@ -181,14 +196,27 @@ func (z *zone) run(ctx context.Context, op, key string, now, x int64, taken algo
 
 // runKey is run on the Redis key rkey (z.store.key of the resolved key).
 func (z *zone) runKey(ctx context.Context, op, rkey string, now, x int64, taken algorithms.Decision) (d algorithms.Decision, ok bool, err error) {
+	return z.runKeys(ctx, op, rkey, false, now, x, taken)
+}
+
+// runKeys is runKey, with the key's reset mark (resetMark) as a second
+// key if marked: what an undo reads.
+func (z *zone) runKeys(ctx context.Context, op, rkey string, marked bool, now, x int64, taken algorithms.Decision) (d algorithms.Decision, ok bool, err error) {
 	if z.script == nil {
 		return d, false, fmt.Errorf("unknown algorithm %s", z.limit.Kind)
 	}
 	if err := ctx.Err(); err != nil {
 		return d, false, err
 	}
-	c := newCall(z.script, z.store.fns.fcall(), 1)
-	c.args = append(c.args, rkey, word(op), z.store.clock(now), z.store.ttlSlack, z.arg(x), taken.At, taken.Reset)
+	var c *call
+	if marked {
+		c = newCall(z.script, z.store.fns.fcall(), 2)
+		c.args = append(c.args, rkey, resetMark(rkey))
+	} else {
+		c = newCall(z.script, z.store.fns.fcall(), 1)
+		c.args = append(c.args, rkey)
+	}
+	c.args = append(c.args, word(op), z.store.clock(now), z.store.ttlSlack, z.arg(x), taken.At, taken.Reset)
 	c.args = append(c.args, z.constsAt(now)...)
 	v, err := z.store.run.run(ctx, c)
 	if err != nil {
@@ -203,6 +231,13 @@ func (z *zone) runKey(ctx context.Context, op, rkey string, now, x int64, taken 
 		return d, true, nil
 	}
 	return d, false, fmt.Errorf("%w: %v", errReply, v)
+}
+
+// resetMark is the Redis key that marks when the key rkey was last reset
+// (see single.lua): rkey's hash tag, so in its Cluster slot, and a tail
+// that no zone's key has (a kind code has no "!").
+func resetMark(rkey string) string {
+	return rkey + "!reset"
 }
 
 // decision reads a decision as the scripts return it: 6 integers.

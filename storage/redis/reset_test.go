@@ -1,0 +1,214 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	"github.com/caddy-tollgate/tollgate/storage"
+	"github.com/caddy-tollgate/tollgate/storage/memory"
+)
+
+// resetStep is one call of a reset trace: a take, a reset, or an undo of
+// what the ref-th take of the trace (from 0) charged.
+type resetStep struct {
+	op  byte // 'T', 'R' or 'U'
+	dt  int64
+	ref int
+}
+
+// An undo of a charge made at or before its key's reset gives nothing back
+// (the reset gave it back), on Redis as in memory: single.lua's reset mark
+// is the twin of the memory store's reset log, and both run the same
+// traces with the same decisions. Before, the undo was taken from what the
+// key was charged since the reset, and a key of 2 per hour admitted 3.
+func TestResetThenUndoParity(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := context.Background()
+	traces := []struct {
+		name  string
+		steps []resetStep
+		want  bool // whether the last take is admitted
+	}{
+		// The first take's undo, after a reset and two takes since.
+		{"pre", []resetStep{{'T', 0, 0}, {'R', 1, 0}, {'T', 1, 0}, {'T', 1, 0}, {'U', 1, 0}, {'T', 1, 0}}, false},
+		// The same, the reset in the take's µs.
+		{"pre at the reset's µs", []resetStep{{'T', 0, 0}, {'R', 0, 0}, {'T', 1, 0}, {'T', 1, 0}, {'U', 1, 0}, {'T', 1, 0}}, false},
+		// A take since the reset is given back.
+		{"post", []resetStep{{'T', 0, 0}, {'R', 1, 0}, {'T', 1, 0}, {'T', 1, 0}, {'U', 1, 2}, {'T', 1, 0}}, true},
+		// Reset twice: the mark keeps the latest, and neither take
+		// before it gives back.
+		{"twice", []resetStep{{'T', 0, 0}, {'R', 1, 0}, {'T', 1, 0}, {'R', 1, 0}, {'T', 1, 0}, {'T', 1, 0}, {'U', 1, 1}, {'U', 1, 0}, {'T', 1, 0}}, false},
+		// A reset of a key never taken; then takes are given back as ever.
+		{"reset of nothing", []resetStep{{'R', 0, 0}, {'T', 1, 0}, {'T', 1, 0}, {'U', 1, 1}, {'T', 1, 0}}, true},
+		// Past the horizon, the mark is gone, and the charge long since.
+		{"past the horizon", []resetStep{{'T', 0, 0}, {'R', 1, 0}, {'T', 3 * time.Hour.Microseconds(), 0}, {'U', 1, 1}, {'T', 1, 0}}, true},
+	}
+	kinds := []algorithms.Kind{algorithms.FixedWindow, algorithms.SlidingWindow, algorithms.SlidingLog,
+		algorithms.TokenBucket, algorithms.GCRA, algorithms.LeakyBucket}
+	for _, mode := range []string{"evalsha", "fcall"} {
+		s := newTestStore(c)
+		if mode == "fcall" {
+			withFunctions(t, s)
+		}
+		for _, kind := range kinds {
+			l := mustLimit(t, kind, 2, time.Hour, 0, 0)
+			for _, tr := range traces {
+				t.Run(mode+"/"+kind.String()+"/"+tr.name, func(t *testing.T) {
+					name := fmt.Sprintf("rs-%s-%s", mode, kind)
+					key := tr.name
+					zl := zoneOf(s, name, l)
+					mem := memory.New(storage.Zone{Name: name, Limit: l})
+					now := epoch
+					var takes []algorithms.Decision
+					for i, st := range tr.steps {
+						now += st.dt
+						switch st.op {
+						case 'T':
+							want, _ := mem.Take(ctx, key, now, algorithms.Milli)
+							got, err := zl.Take(ctx, key, now, algorithms.Milli)
+							if err != nil {
+								t.Fatalf("step %d: Take: %v", i, err)
+							}
+							if got != want {
+								t.Fatalf("step %d: Take(now=%d) = %+v on Redis, %+v in memory", i, now, got, want)
+							}
+							takes = append(takes, got)
+						case 'R':
+							want, _ := mem.Reset(ctx, key, now)
+							got, err := zl.Reset(ctx, key, now)
+							if err != nil {
+								t.Fatalf("step %d: Reset: %v", i, err)
+							}
+							if got != want {
+								t.Fatalf("step %d: Reset(now=%d) = %v on Redis, %v in memory", i, now, got, want)
+							}
+						case 'U':
+							mem.Undo(ctx, key, now, algorithms.Milli, takes[st.ref])
+							if err := zl.Undo(ctx, key, now, algorithms.Milli, takes[st.ref]); err != nil {
+								t.Fatalf("step %d: Undo: %v", i, err)
+							}
+						}
+					}
+					if last := takes[len(takes)-1]; last.Allowed != tr.want {
+						t.Errorf("the last take: Allowed = %v, want %v (%+v)", last.Allowed, tr.want, last)
+					}
+				})
+			}
+		}
+	}
+}
+
+// The reset mark is in the key's slot and lives as long as a charge counts
+// (plus the tests' slack), and a reset on the server's clock, as in
+// production, also keeps an earlier charge from being given back.
+func TestResetMark(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := context.Background()
+	l := mustLimit(t, algorithms.FixedWindow, 2, time.Minute, 0, 0)
+
+	s := newTestStore(c)
+	zl := zoneOf(s, "mark", l)
+	if _, err := zl.Take(ctx, "k", epoch, algorithms.Milli); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zl.Reset(ctx, "k", epoch); err != nil {
+		t.Fatal(err)
+	}
+	rkey := s.key("k", keyTail("mark", l.Kind))
+	mark := resetMark(rkey)
+	if hashTag(mark) != hashTag(rkey) {
+		t.Errorf("reset mark %q has hash tag %q, its key %q has %q", mark, hashTag(mark), rkey, hashTag(rkey))
+	}
+	keep := (storage.Horizon(&l)+999)/1000 + testSlack.Milliseconds()
+	if ms := pttl(t, c, mark); ms <= keep-60_000 || ms > keep {
+		t.Errorf("PTTL(%s) = %d ms, want at most %d, and within a minute of it", mark, ms, keep)
+	}
+	if exists(t, c, rkey) {
+		t.Errorf("%s still exists after its reset", rkey)
+	}
+
+	// The server's clock.
+	srvStore := New(c, "prod:")
+	zp := zoneOf(srvStore, "mark", l)
+	first, err := zp.Take(ctx, "k", 0, algorithms.Milli)
+	if err != nil || !first.Allowed {
+		t.Fatalf("Take = %+v, %v; want admitted", first, err)
+	}
+	if ok, err := zp.Reset(ctx, "k", 0); !ok || err != nil {
+		t.Fatalf("Reset = %v, %v; want true", ok, err)
+	}
+	for i := range 2 {
+		if d, err := zp.Take(ctx, "k", 0, algorithms.Milli); err != nil || !d.Allowed {
+			t.Fatalf("take %d since the reset = %+v, %v; want admitted", i+1, d, err)
+		}
+	}
+	if err := zp.Undo(ctx, "k", 0, algorithms.Milli, first); err != nil {
+		t.Fatal(err)
+	}
+	d, err := zp.Take(ctx, "k", 0, algorithms.Milli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A window that turned between the takes would admit it: the undo
+	// of the first take gives nothing back either way.
+	if d.Allowed && d.At/l.Window == first.At/l.Window {
+		t.Errorf("a third take in the window since the reset, after the undo of a take before it: Allowed = true, want false (%+v)", d)
+	}
+}
+
+// A request decided across groups (Cluster slots) gives back what the
+// groups taken took when a later one rejects it (see Store.settle): a
+// key reset in between gives nothing back there either. Before, multi.lua
+// took the give-back from what the key was charged since the reset.
+func TestMultiGiveBackAfterReset(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := context.Background()
+	for _, mode := range []string{"evalsha", "fcall"} {
+		t.Run(mode, func(t *testing.T) {
+			s := newTestStore(c)
+			if mode == "fcall" {
+				withFunctions(t, s)
+			}
+			a := zoneOf(s, "mg-a-"+mode, mustLimit(t, algorithms.FixedWindow, 2, time.Hour, 0, 0))
+			b := zoneOf(s, "mg-b-"+mode, mustLimit(t, algorithms.SlidingWindow, 2, time.Hour, 0, 0))
+			parts, err := s.parts([]Request{{Zone: a, Key: "k", Cost: algorithms.Milli}, {Zone: b, Key: "k", Cost: algorithms.Milli}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := []int{0, 1}
+			ds := make([]algorithms.Decision, 2)
+			now := epoch
+			if err := s.runGroup(ctx, multiDecide, now, parts, g, ds); err != nil {
+				t.Fatal(err)
+			}
+			if !ds[0].Allowed || !ds[1].Allowed {
+				t.Fatalf("the request's take: %+v, want admitted in both zones", ds)
+			}
+			for _, z := range []storage.Limiter{a, b} {
+				if ok, err := z.Reset(ctx, "k", now+1); !ok || err != nil {
+					t.Fatalf("Reset = %v, %v; want true", ok, err)
+				}
+				for i := range 2 {
+					if d, err := z.Take(ctx, "k", now+2, algorithms.Milli); err != nil || !d.Allowed {
+						t.Fatalf("take %d since the reset = %+v, %v; want admitted", i+1, d, err)
+					}
+				}
+			}
+			if err := s.giveBack(ctx, now+3, parts, g, ds); err != nil {
+				t.Fatal(err)
+			}
+			for i, z := range []storage.Limiter{a, b} {
+				if d, err := z.Take(ctx, "k", now+4, algorithms.Milli); err != nil || d.Allowed {
+					t.Errorf("zone %d: a third take since the reset, after the give-back of a take before it = %+v, %v; want refused", i, d, err)
+				}
+			}
+		})
+	}
+}
