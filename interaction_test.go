@@ -715,7 +715,7 @@ func (r *ixRun) burst(s ixStep, step int) {
 			if s.plan != "" {
 				req.Header.Set("X-Plan", s.plan)
 			}
-			resp, err := r.tester.Client.Do(req)
+			resp, err := sendUnread(r.t, r.tester.Client, req) // a reload just before may reset it unread
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
