@@ -20,6 +20,12 @@ local function fixedwindow(key, op, now, x, ta, _, w, limit)
 		return 0
 	end
 
+	if op == 'o' then
+		level = owe(level, x)
+		save(key, fresh(), now - raw, 'at', at, 'level', level)
+		return nil
+	end
+
 	if op == 'u' then
 		-- Only to the window it was charged in, if that is this one: cost
 		-- taken in an earlier window is already forgotten.

@@ -149,7 +149,7 @@ func (z *zone) runKey(ctx context.Context, op, rkey string, now, x int64, taken 
 		return decision(v), true, nil
 	case len(v) == 0 && op == opPeek:
 		return d, false, nil
-	case len(v) == 0 && (op == opUndo || op == opRenew):
+	case len(v) == 0 && (op == opUndo || op == opRenew || op == opOwe):
 		return d, true, nil
 	}
 	return d, false, fmt.Errorf("%w: %v", errReply, v)
