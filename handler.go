@@ -253,7 +253,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	if len(results) > 0 {
 		placeholdersOf(r, repl).setQuota(&results[mostRestrictive(results, -1)])
 	}
-	if h.slots || maxDelay(results) > 0 {
+	if h.slots || maxDelay(results) > 0 || (h.responses && settles(results)) {
 		return false, h.admitHeld(w, r, next, results)
 	}
 	return true, nil
@@ -277,6 +277,9 @@ func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyht
 			h.logUndoErrors(undo(context.WithoutCancel(r.Context()), results, h.now()))
 			return caddyhttp.Error(499, fmt.Errorf("rate_limit: client went away while its request was delayed: %w", r.Context().Err()))
 		}
+	}
+	if h.responses && settles(results) {
+		return h.serveSettled(w, r, next, results)
 	}
 	return next.ServeHTTP(w, r)
 }

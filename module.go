@@ -93,6 +93,7 @@ type Handler struct {
 	redis      *RedisStorage  // the backend, if it is Redis
 	bans       bool           // a zone has a ban
 	slots      bool           // a zone has concurrency slots
+	responses  bool           // a zone has count_response or cost_response
 	logger     *zap.Logger
 	logRejects bool         // the logger takes debug lines (see logReject)
 	now        func() int64 // µs since the Unix epoch: clock, at provision
@@ -164,6 +165,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 		h.bans = h.bans || z.ban != nil
+		h.responses = h.responses || z.response != nil
 		for _, p := range z.parts {
 			h.slots = h.slots || p.role == roleSlots
 		}

@@ -21,10 +21,12 @@ import "fmt"
 // most N plus the excess settled in it after its last admission.
 
 // OwedCap bounds the debt (bucket family, in ticks) or count (windows, in
-// milli-units) that owing can build: 2^52, so that every value a Lua twin
-// handles stays exact in a double. It is 142 years of debt at one tick per
-// µs, and 2^42 events counted in one window.
-const OwedCap int64 = maxExact / 2
+// milli-units) that owing can build: 2^50, so that every sum a decision
+// then makes (a debt plus a cost, a window's count plus the previous
+// one's weight plus a cost) stays below 2^52, exact in a Lua twin's
+// doubles and within sliding_window's exact products. It is 35 years of
+// debt at one tick per µs, and 2^40 events counted in one window.
+const OwedCap int64 = MaxSpan
 
 // CanSettle reports, as an error naming why, whether l can settle a
 // request to an actual cost above what it reserved (owe). Every kind of

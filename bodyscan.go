@@ -1,0 +1,222 @@
+package tollgate
+
+import (
+	"bytes"
+	"encoding/json"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// The body scanner reads numbers for {http.rate_limit.response.json.*}
+// from a response body as it passes to the client: the body is never held
+// back or delayed, and only a bounded amount of it is kept.
+//
+//   - A Server-Sent Events stream (Content-Type text/event-stream) is
+//     read event by event; each event whose data is a JSON object naming
+//     the path's first key is decoded, and the last event that holds a
+//     number at the path wins (an OpenAI-compatible stream's final chunk
+//     with stream_options.include_usage, Anthropic's message_delta). At
+//     most maxEventScan bytes of one event are kept; a longer event is
+//     skipped.
+//   - Any other body is read as one JSON document, of which at most
+//     maxJSONScan bytes are kept; a longer body keeps the estimate.
+//   - A compressed body (a Content-Encoding other than identity) is not
+//     read: it keeps the estimate.
+type bodyScanner struct {
+	paths []string
+	found []string // per path: the number last found, or ""
+	mode  scanMode
+	buf   []byte // JSON: the body so far; SSE: the line being read
+	data  []byte // SSE: the current event's data
+	skip  bool   // SSE: the current event is too long to read
+	cr    bool   // SSE: the last byte was a CR, whose LF may start the next write
+}
+
+type scanMode uint8
+
+const (
+	scanUnknown scanMode = iota // before the first bytes
+	scanJSON
+	scanSSE
+	scanOff // compressed, or past the bound
+)
+
+// Bounds on what the scanner keeps per request.
+const (
+	maxJSONScan  = 1 << 20  // a JSON body longer than this keeps the estimate
+	maxEventScan = 64 << 10 // an event longer than this is skipped
+)
+
+func newBodyScanner(paths []string) *bodyScanner {
+	return &bodyScanner{paths: paths, found: make([]string, len(paths))}
+}
+
+// feed scans p, the next bytes of the body whose headers are h.
+func (s *bodyScanner) feed(h http.Header, p []byte) {
+	if s.mode == scanUnknown {
+		s.mode = scanModeOf(h)
+	}
+	switch s.mode {
+	case scanJSON:
+		if len(s.buf)+len(p) > maxJSONScan {
+			s.mode, s.buf = scanOff, nil
+			return
+		}
+		s.buf = append(s.buf, p...)
+	case scanSSE:
+		s.feedSSE(p)
+	}
+}
+
+// scanModeOf chooses how to read a body from its headers.
+func scanModeOf(h http.Header) scanMode {
+	if enc := h.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		return scanOff
+	}
+	if mt, _, err := mime.ParseMediaType(h.Get("Content-Type")); err == nil && mt == "text/event-stream" {
+		return scanSSE
+	}
+	return scanJSON
+}
+
+// feedSSE splits p into lines (ended by LF, CRLF or CR) and events (ended
+// by an empty line), keeping only the unfinished line and event.
+func (s *bodyScanner) feedSSE(p []byte) {
+	if s.cr && len(p) > 0 && p[0] == '\n' {
+		p = p[1:] // the LF of a CRLF split between two writes
+	}
+	s.cr = false
+	for len(p) > 0 {
+		i := bytes.IndexAny(p, "\r\n")
+		if i < 0 {
+			s.appendLine(p)
+			return
+		}
+		s.appendLine(p[:i])
+		if p[i] == '\r' {
+			if i+1 == len(p) {
+				s.cr = true
+			} else if p[i+1] == '\n' {
+				i++
+			}
+		}
+		s.line()
+		p = p[i+1:]
+	}
+}
+
+func (s *bodyScanner) appendLine(b []byte) {
+	if len(s.buf)+len(b) > maxEventScan {
+		s.skip = true
+		return
+	}
+	s.buf = append(s.buf, b...)
+}
+
+// line handles one complete line of the stream.
+func (s *bodyScanner) line() {
+	l := s.buf
+	s.buf = s.buf[:0]
+	if len(l) == 0 {
+		s.event()
+		return
+	}
+	if rest, ok := bytes.CutPrefix(l, []byte("data:")); ok && !s.skip {
+		rest = bytes.TrimPrefix(rest, []byte(" "))
+		if len(s.data)+len(rest)+1 > maxEventScan {
+			s.skip = true
+			return
+		}
+		if len(s.data) > 0 {
+			s.data = append(s.data, '\n')
+		}
+		s.data = append(s.data, rest...)
+	}
+}
+
+// event handles a complete event: its data is looked into if it may hold
+// a path.
+func (s *bodyScanner) event() {
+	data, skip := s.data, s.skip
+	s.data, s.skip = s.data[:0], false
+	if skip || len(data) == 0 || data[0] != '{' {
+		return
+	}
+	s.lookup(data, true)
+}
+
+// lookup decodes a JSON object and notes the number at each path that
+// holds one; with quick, only if the object names a path's first key.
+func (s *bodyScanner) lookup(doc []byte, quick bool) {
+	if quick {
+		named := false
+		for _, p := range s.paths {
+			first, _, _ := strings.Cut(p, ".")
+			if bytes.Contains(doc, []byte(`"`+first+`"`)) {
+				named = true
+				break
+			}
+		}
+		if !named {
+			return
+		}
+	}
+	d := json.NewDecoder(bytes.NewReader(doc))
+	d.UseNumber()
+	var v any
+	if d.Decode(&v) != nil {
+		return
+	}
+	for i, p := range s.paths {
+		if n, ok := numberAt(v, p); ok {
+			s.found[i] = n
+		}
+	}
+}
+
+// numberAt returns the number at a dotted path in a decoded document (a
+// segment that is a whole number indexes an array).
+func numberAt(v any, path string) (string, bool) {
+	for _, seg := range strings.Split(path, ".") {
+		switch c := v.(type) {
+		case map[string]any:
+			v = c[seg]
+		case []any:
+			i, err := strconv.Atoi(seg)
+			if err != nil || i < 0 || i >= len(c) {
+				return "", false
+			}
+			v = c[i]
+		default:
+			return "", false
+		}
+	}
+	if n, ok := v.(json.Number); ok {
+		return n.String(), true
+	}
+	return "", false
+}
+
+// finish reads what is left (a JSON body, an SSE stream's last event
+// without its empty line) and sets each path's placeholder that was
+// found.
+func (s *bodyScanner) finish(repl *caddy.Replacer) {
+	switch s.mode {
+	case scanJSON:
+		s.lookup(s.buf, false)
+	case scanSSE:
+		if len(s.buf) > 0 {
+			s.line()
+		}
+		s.event()
+	}
+	for i, p := range s.paths {
+		if s.found[i] != "" {
+			repl.Set(jsonPlaceholder+p, s.found[i])
+		}
+	}
+}

@@ -1,0 +1,388 @@
+package tollgate
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// loginUpstream is a login form's backend: "wrong" as X-Password fails
+// with 401, anything else logs in with 200. With hold, each request waits
+// for release (counting the requests that reached it) before answering.
+type loginUpstream struct {
+	*httptest.Server
+	reached atomic.Int64
+	hold    bool
+	release chan struct{}
+}
+
+func newLoginUpstream(t *testing.T, hold bool) *loginUpstream {
+	u := &loginUpstream{hold: hold, release: make(chan struct{})}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.reached.Add(1)
+		if u.hold {
+			select {
+			case <-u.release:
+			case <-r.Context().Done():
+			}
+		}
+		if r.Header.Get("X-Password") == "wrong" {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, "no")
+			return
+		}
+		fmt.Fprint(w, "welcome")
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *loginUpstream) addr() string { return strings.TrimPrefix(u.URL, "http://") }
+
+// loginSite is the login recipe on paths /login1../login<n>, each route
+// its own rate_limit handler sharing the zone (as instances sharing one
+// Redis do): 5 failed logins per 15 minutes per client, then banned for
+// an hour; successful logins never count.
+func loginSite(up string, routes int, storage string) string {
+	site := globalOptions + "\tlocalhost:9080 {\n"
+	for i := 1; i <= routes; i++ {
+		site += fmt.Sprintf(`
+		route /login%d {
+			rate_limit {
+				zone login {
+					key {http.request.header.X-Client}
+					rate 5/15m
+					count_response status 401 403
+					ban 1h
+				}
+				%s
+			}
+			reverse_proxy %s
+		}`, i, storage, up)
+	}
+	return site + "\n\t}"
+}
+
+// TestLoginRecipe: successful logins never count; the sixth failure in 15
+// minutes is refused and bans the client for an hour, successful
+// passwords included. On memory (fake clock: the ban ends) and Redis.
+func TestLoginRecipe(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := newLoginUpstream(t, false)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(loginSite(up.addr(), 1, storage(t)), "caddyfile")
+			client := "X-Client: login-" + name
+			for i := 0; i < 20; i++ {
+				resp, _ := get(t, tester, "/login1", client, "X-Password: right")
+				check(t, fmt.Sprintf("good login %d", i+1), resp, "welcome", want{status: 200})
+			}
+			if got, want := statuses(t, tester, 6, []string{"/login1"}, client, "X-Password: wrong"), "401 401 401 401 401 429 "; got != want {
+				t.Fatalf("failed logins: %q, want %q (5 per 15 minutes)", got, want)
+			}
+			resp, _ := get(t, tester, "/login1", client, "X-Password: right")
+			check(t, "good login while banned", resp, "", want{status: 429})
+			resp, _ = get(t, tester, "/login1", "X-Client: another-"+name, "X-Password: right")
+			check(t, "another client", resp, "welcome", want{status: 200})
+			if name == "memory" {
+				advance(time.Hour + time.Second)
+				resp, _ = get(t, tester, "/login1", client, "X-Password: right")
+				check(t, "good login after the ban", resp, "welcome", want{status: 200})
+			}
+		})
+	}
+}
+
+// TestCountResponseConcurrentFailures: 100 wrong passwords sent at once,
+// held by the backend until all are decided, are 100 reservations: 5
+// reach the backend, 95 are refused, on memory and on three handlers
+// sharing one Redis.
+func TestCountResponseConcurrentFailures(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := newLoginUpstream(t, true)
+			routes := 1
+			if name == "redis" {
+				routes = 3
+			}
+			tester := caddytest.NewTester(t)
+			tester.InitServer(loginSite(up.addr(), routes, storage(t)), "caddyfile")
+			const n = 100
+			var refused atomic.Int64
+			var wg sync.WaitGroup
+			codes := make([]int, n)
+			for i := 0; i < n; i++ {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/login%d", base, 1+i%routes), nil)
+					req.Header.Set("X-Client", "storm-"+name)
+					req.Header.Set("X-Password", "wrong")
+					resp, err := sendUnread(t, tester.Client, req)
+					if err != nil {
+						t.Errorf("request %d: %v", i, err)
+						return
+					}
+					resp.Body.Close()
+					codes[i] = resp.StatusCode
+					if resp.StatusCode == 429 {
+						refused.Add(1)
+					}
+				}(i)
+			}
+			waitFor(t, "every request decided", func() bool { return up.reached.Load()+refused.Load() >= n })
+			if got := up.reached.Load(); got != 5 {
+				t.Errorf("%d of %d concurrent failed logins reached the backend, want 5 (the limit)", got, n)
+			}
+			close(up.release)
+			wg.Wait()
+			count := map[int]int{}
+			for _, c := range codes {
+				count[c]++
+			}
+			if count[401] != 5 || count[429] != n-5 {
+				t.Errorf("statuses %v, want 5 401s and %d 429s", count, n-5)
+			}
+		})
+	}
+}
+
+// usageUpstream answers with the X-Usage header and a body of the size
+// the request's X-Size asks for, or, for /json and /sse, token usage in
+// a JSON body or an event stream.
+func usageUpstream(t *testing.T) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tokens := r.Header.Get("X-Tokens")
+		switch r.URL.Path {
+		case "/json":
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"total_tokens":%s}}`, tokens)
+			return
+		case "/sse":
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"h\"}}],\"usage\":null}\n\n")
+			fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"total_tokens\":%s}}\n\n", tokens)
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			return
+		}
+		if u := r.Header.Get("X-Usage"); u != "" {
+			w.Header().Set("X-Usage", u)
+		}
+		var size int
+		fmt.Sscan(r.Header.Get("X-Size"), &size)
+		w.Write([]byte(strings.Repeat("x", size)))
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// remaining reads r of the RateLimit header's one item.
+func remaining(t *testing.T, resp *http.Response) int64 {
+	t.Helper()
+	v := resp.Header.Get("RateLimit")
+	_, after, ok := strings.Cut(v, ";r=")
+	if !ok {
+		t.Fatalf("RateLimit = %q, want an r parameter", v)
+	}
+	var r int64
+	fmt.Sscan(strings.SplitN(after, ";", 2)[0], &r)
+	return r
+}
+
+// TestCostResponseHeader: a zone of 100 per hour reserves an estimate of
+// 10 and settles to the upstream's X-Usage: less gives back, more is owed
+// past the capacity and waited off; no number keeps the estimate.
+func TestCostResponseHeader(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := usageUpstream(t)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone usage {
+				key {http.request.header.X-Client}
+				rate 100/h
+				cost 10
+				cost_response {http.response.header.X-Usage}
+			}
+			`+storage(t)+`
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+			client := "X-Client: usage-" + name
+			resp, _ := get(t, tester, "/", client, "X-Usage: 2")
+			check(t, "first", resp, "", want{status: 200})
+			// The header reports the reservation: 90 left.
+			if r := remaining(t, resp); r != 90 {
+				t.Errorf("first: r = %d, want 90 (the reservation of 10)", r)
+			}
+			resp, _ = get(t, tester, "/", client, "X-Usage: 50")
+			if r := remaining(t, resp); r != 88 {
+				t.Errorf("second: r = %d, want 88 (the first settled to 2)", r)
+			}
+			resp, _ = get(t, tester, "/", client, "X-Usage: abc")
+			if r := remaining(t, resp); r != 38 {
+				t.Errorf("third: r = %d, want 38 (the second settled to 50)", r)
+			}
+			resp, _ = get(t, tester, "/", client, "X-Usage: 200")
+			if r := remaining(t, resp); r != 28 {
+				t.Errorf("fourth: r = %d, want 28 (the third kept its estimate of 10)", r)
+			}
+			// 2 + 50 + 10 + 200 = 262 charged of 100: owed 162, the key
+			// waits until 10 fit again: 172 units of 36s, 103.2 minutes.
+			resp, _ = get(t, tester, "/", client)
+			check(t, "after the excess", resp, "", want{status: 429})
+			if name == "memory" {
+				advance(103 * time.Minute)
+				resp, _ = get(t, tester, "/", client)
+				check(t, "103 minutes on", resp, "", want{status: 429})
+				advance(13 * time.Second)
+				resp, _ = get(t, tester, "/", client)
+				check(t, "103.2 minutes on", resp, "", want{status: 200})
+			}
+		})
+	}
+}
+
+// TestDownloadQuotaRecipe: bytes per day settled from {http.response.size}
+// with an estimate of 1 byte: a download that fits is admitted, and the
+// bytes it wrote are charged, past the quota if need be.
+func TestDownloadQuotaRecipe(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := usageUpstream(t)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone downloads {
+				key {http.request.header.X-Client}
+				rate 1000/d
+				cost 1
+				cost_response {http.response.size}
+			}
+			`+storage(t)+`
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+			client := "X-Client: dl-" + name
+			if got, want := statuses(t, tester, 4, []string{"/file"}, client, "X-Size: 400"), "200 200 200 429 "; got != want {
+				t.Fatalf("400-byte downloads on a 1000-byte daily quota: %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestCostResponseJSONAndSSE: tokens per hour settled from the usage in a
+// JSON body and in the last event of a stream that holds it.
+func TestCostResponseJSONAndSSE(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := usageUpstream(t)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone tokens {
+				key {http.request.header.X-Client}
+				rate 1000/h
+				cost 100
+				cost_response {http.rate_limit.response.json.usage.total_tokens}
+			}
+			`+storage(t)+`
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+			client := "X-Client: tokens-" + name
+			resp, _ := get(t, tester, "/json", client, "X-Tokens: 30")
+			check(t, "json", resp, "", want{status: 200})
+			resp, body := get(t, tester, "/sse", client, "X-Tokens: 450")
+			check(t, "sse", resp, "", want{status: 200})
+			if !strings.Contains(body, "[DONE]") {
+				t.Errorf("sse body %q, want the whole stream", body)
+			}
+			if r := remaining(t, resp); r != 870 {
+				t.Errorf("sse: r = %d, want 870 (json settled to 30, this one reserved 100)", r)
+			}
+			resp, _ = get(t, tester, "/json", client, "X-Tokens: 0")
+			if r := remaining(t, resp); r != 420 {
+				t.Errorf("after the stream: r = %d, want 420 (the stream settled to 450)", r)
+			}
+		})
+	}
+}
+
+// TestStreamPassesThrough: an event stream's first event reaches the
+// client before the upstream sends the second (the upstream waits for
+// the client to have read it), and the usage in the last event is
+// settled.
+func TestStreamPassesThrough(t *testing.T) {
+	readFirst := make(chan struct{})
+	failed := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\"}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-readFirst:
+		case <-time.After(20 * time.Second):
+			failed <- "the client never got the first event while the upstream held the second"
+		}
+		fmt.Fprint(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":700}}\n\n")
+	}))
+	defer up.Close()
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone tokens {
+				key {http.request.header.X-Client}
+				rate 1000/h
+				cost 100
+				cost_response {http.rate_limit.response.json.usage.output_tokens}
+			}
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+	req, _ := http.NewRequest(http.MethodGet, base+"/stream", nil)
+	req.Header.Set("X-Client", "stream")
+	resp, err := tester.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(resp.Body)
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the first event: %v", err)
+		}
+		if line == "\n" {
+			break
+		}
+	}
+	close(readFirst)
+	rest := new(strings.Builder)
+	_, _ = bufio.NewReader(rd).WriteTo(rest)
+	resp.Body.Close()
+	select {
+	case msg := <-failed:
+		t.Fatal(msg)
+	default:
+	}
+	if !strings.Contains(rest.String(), "message_delta") {
+		t.Errorf("rest of the stream %q, want the message_delta event", rest.String())
+	}
+	resp, _ = get(t, tester, "/stream2", "X-Client: stream")
+	if r := remaining(t, resp); r != 200 {
+		t.Errorf("after the stream: r = %d, want 200 (settled to 700, then 100 reserved)", r)
+	}
+}
