@@ -3,6 +3,7 @@ package tollgate
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
@@ -219,4 +220,44 @@ func (s *bodyScanner) finish(repl *caddy.Replacer) {
 			repl.Set(jsonPlaceholder+p, s.found[i])
 		}
 	}
+}
+
+// requestJSONPlaceholder starts the placeholders of a number in the
+// request's JSON body, such as {http.rate_limit.request.json.max_tokens}.
+const requestJSONPlaceholder = "http.rate_limit.request.json."
+
+// readRequestJSON reads the numbers at paths in the request's JSON body
+// into their placeholders, for a cost estimate (an LLM request's
+// max_tokens). At most maxJSONScan bytes are read; the body is put back
+// as it was for the handlers after, read or not. A body that is longer,
+// not JSON, or lacks a path sets nothing (the cost is then default_cost).
+//
+//go:noinline
+func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, maxJSONScan+1))
+	r.Body = replayBody{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
+	if err != nil || len(buf) > maxJSONScan {
+		return
+	}
+	d := json.NewDecoder(bytes.NewReader(buf))
+	d.UseNumber()
+	var v any
+	if d.Decode(&v) != nil {
+		return
+	}
+	for _, p := range paths {
+		if n, ok := numberAt(v, p); ok {
+			repl.Set(requestJSONPlaceholder+p, n)
+		}
+	}
+}
+
+// replayBody is a request body whose first bytes were read and are read
+// again, closed as the original.
+type replayBody struct {
+	io.Reader
+	io.Closer
 }

@@ -87,6 +87,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (goOn bool, err error) {
 	repl := replacerOf(r)
 	now := h.now()
+	if h.requestJSON != nil {
+		readRequestJSON(r, repl, h.requestJSON)
+	}
 	var buf [inlineResults]result
 	results := buf[:0]
 	for _, z := range h.zones {

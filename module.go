@@ -84,6 +84,10 @@ type Handler struct {
 	// instances. Default: none, refused.
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 
+	// requestJSON are the paths zones' costs read from a request's JSON
+	// body ({http.rate_limit.request.json.*}), or nil.
+	requestJSON []string
+
 	zones      []*zone
 	headers    headerModes
 	status     int
@@ -166,6 +170,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.zones = append(h.zones, z)
 		h.bans = h.bans || z.ban != nil
 		h.responses = h.responses || z.response != nil
+		h.requestJSON = append(h.requestJSON, z.requestJSON...)
 		for _, p := range z.parts {
 			h.slots = h.slots || p.role == roleSlots
 		}

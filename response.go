@@ -68,7 +68,7 @@ func (zc *Zone) responseSettings(s *zoneSettings) error {
 		if err := s.limit.CanSettle(); err != nil {
 			return fmt.Errorf("cost_response: %w", err)
 		}
-		paths, err := jsonPaths(c)
+		paths, err := jsonPaths(c, jsonPlaceholder)
 		if err != nil {
 			return fmt.Errorf("cost_response: %w", err)
 		}
@@ -78,24 +78,24 @@ func (zc *Zone) responseSettings(s *zoneSettings) error {
 	return nil
 }
 
-// jsonPaths returns the dotted paths of the body-number placeholders in a
-// template, checking each.
-func jsonPaths(tmpl string) ([]string, error) {
+// jsonPaths returns the dotted paths of the placeholders starting with
+// prefix (a body-number placeholder's) in a template, checking each.
+func jsonPaths(tmpl, prefix string) ([]string, error) {
 	var paths []string
 	for rest := tmpl; ; {
-		i := strings.Index(rest, "{"+jsonPlaceholder)
+		i := strings.Index(rest, "{"+prefix)
 		if i < 0 {
 			return paths, nil
 		}
-		rest = rest[i+1+len(jsonPlaceholder):]
+		rest = rest[i+1+len(prefix):]
 		end := strings.IndexAny(rest, "}:")
 		if end < 0 {
-			return nil, fmt.Errorf("unclosed placeholder {%s%s", jsonPlaceholder, rest)
+			return nil, fmt.Errorf("unclosed placeholder {%s%s", prefix, rest)
 		}
 		path := rest[:end]
 		for _, seg := range strings.Split(path, ".") {
 			if seg == "" {
-				return nil, fmt.Errorf("{%s%s}: a dotted path of names, such as usage.total_tokens, has no empty segment", jsonPlaceholder, path)
+				return nil, fmt.Errorf("{%s%s}: a dotted path of names, such as usage.total_tokens, has no empty segment", prefix, path)
 			}
 		}
 		paths = append(paths, path)

@@ -2,6 +2,8 @@ package tollgate
 
 import (
 	"bufio"
+	"encoding/json"
+	"io"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -384,5 +386,98 @@ func TestStreamPassesThrough(t *testing.T) {
 	resp, _ = get(t, tester, "/stream2", "X-Client: stream")
 	if r := remaining(t, resp); r != 200 {
 		t.Errorf("after the stream: r = %d, want 200 (settled to 700, then 100 reserved)", r)
+	}
+}
+
+// llmUpstream is an OpenAI-compatible backend: it answers a request whose
+// JSON body it reads whole (400 otherwise) with the usage the request's
+// X-Tokens names, as one JSON body or, with "stream": true, as an event
+// stream whose last data event before [DONE] holds it.
+func llmUpstream(t *testing.T) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			MaxTokens int  `json:"max_tokens"`
+			Stream    bool `json:"stream"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, "bad body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		tokens := r.Header.Get("X-Tokens")
+		if !req.Stream {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"total_tokens":%s}}`, tokens)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"h\"}}],\"usage\":null}\n\n")
+		w.(http.Flusher).Flush()
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"total_tokens\":%s}}\n\ndata: [DONE]\n\n", tokens)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestLLMRecipe: tokens per hour per API key, estimated from the request's
+// max_tokens and settled from the usage, streamed and not.
+func TestLLMRecipe(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := llmUpstream(t)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone tokens {
+				match {
+					method POST
+					path /v1/chat/completions
+				}
+				key {http.request.header.Authorization}
+				rate 1000/h
+				cost {http.rate_limit.request.json.max_tokens}
+				default_cost 1000
+				cost_response {http.rate_limit.response.json.usage.total_tokens}
+			}
+			`+storage(t)+`
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+` {
+			header_up -Accept-Encoding
+		}
+	}`, "caddyfile")
+			post := func(step, body, tokens string) *http.Response {
+				t.Helper()
+				req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+				req.Header.Set("Authorization", "Bearer key-"+name)
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Tokens", tokens)
+				resp, err := tester.Client.Do(req)
+				if err != nil {
+					t.Fatalf("%s: %v", step, err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 400 {
+					t.Fatalf("%s: the backend got a damaged body: %s", step, b)
+				}
+				return resp
+			}
+			resp := post("plain", `{"model":"m","max_tokens":300}`, "120")
+			check(t, "plain", resp, "", want{status: 200})
+			if r := remaining(t, resp); r != 700 {
+				t.Errorf("plain: r = %d, want 700 (max_tokens reserved)", r)
+			}
+			resp = post("streamed", `{"model":"m","max_tokens":800,"stream":true,"stream_options":{"include_usage":true}}`, "50")
+			check(t, "streamed", resp, "", want{status: 200})
+			if r := remaining(t, resp); r != 80 {
+				t.Errorf("streamed: r = %d, want 80 (the first settled to 120, 800 reserved)", r)
+			}
+			resp = post("too many", `{"model":"m","max_tokens":900}`, "1")
+			check(t, "max_tokens above what is left", resp, "", want{status: 429})
+			resp = post("no max_tokens", `{"model":"m"}`, "1")
+			check(t, "no max_tokens: default_cost 1000", resp, "", want{status: 429})
+			resp = post("fits", `{"model":"m","max_tokens":830}`, "1")
+			check(t, "fits what is left", resp, "", want{status: 200})
+		})
 	}
 }

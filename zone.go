@@ -240,6 +240,9 @@ type zone struct {
 
 	// response, on a base: its count_response and cost_response, or nil.
 	response *responseRule
+	// requestJSON, on a base: the paths its cost reads from the request's
+	// JSON body, or nil.
+	requestJSON []string
 }
 
 // zoneSettings are a Zone's values, checked and parsed: all of a zone
@@ -257,6 +260,7 @@ type zoneSettings struct {
 	defaultCost    int64  // milli
 	onError        int
 	response       *responseRule // count_response, cost_response; nil without them
+	requestJSON    []string      // the paths of cost's {http.rate_limit.request.json.*}
 }
 
 // validate checks every value of the zone, naming the field and the
@@ -350,6 +354,9 @@ func (zc *Zone) settings() (zoneSettings, error) {
 		s.cost = algorithms.Milli
 	case strings.Contains(c, "{"):
 		s.costTemplate = c
+		if s.requestJSON, err = jsonPaths(c, requestJSONPlaceholder); err != nil {
+			return s, fmt.Errorf("cost: %w", err)
+		}
 	default:
 		m, ok := algorithms.ParseCost(c)
 		if !ok {
@@ -444,6 +451,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	}
 	z.all = append(z.all, z.parts...)
 	z.response = s.response
+	z.requestJSON = s.requestJSON
 	if err := h.checkSettlers(z); err != nil {
 		return nil, err
 	}
