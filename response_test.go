@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
 // loginUpstream is a login form's backend: "wrong" as X-Password fails
@@ -479,5 +481,36 @@ func TestLLMRecipe(t *testing.T) {
 			resp = post("fits", `{"model":"m","max_tokens":830}`, "1")
 			check(t, "fits what is left", resp, "", want{status: 200})
 		})
+	}
+}
+
+// TestCountResponseLocalCopy: with on_storage_error local, the instance's
+// copy of the Redis state learns the give-backs of successful logins, so
+// that when Redis goes away the copy goes on from the 3 failures Redis
+// counted (2 more allowed), not from 6 requests; and a successful login
+// decided locally is given back in the copy.
+func TestCountResponseLocalCopy(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newLoginUpstream(t, false)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(loginSite(up.addr(), 1, "storage redis {\n\t\t\t\taddresses "+srv.Addr+"\n\t\t\t\ttimeout "+testTimeout+"\n\t\t\t}"), "caddyfile")
+	client := "X-Client: copy"
+	for i := 0; i < 3; i++ {
+		resp, _ := get(t, tester, "/login1", client, "X-Password: right")
+		check(t, fmt.Sprintf("good %d", i), resp, "", want{status: 200})
+		resp, _ = get(t, tester, "/login1", client, "X-Password: wrong")
+		check(t, fmt.Sprintf("wrong %d", i), resp, "", want{status: 401})
+	}
+	// The last decision Redis made before it went away was a reservation
+	// it then gave back: only the give-back tells the copy.
+	resp, _ := get(t, tester, "/login1", client, "X-Password: right")
+	check(t, "good before the outage", resp, "", want{status: 200})
+	srv.Stop()
+	for i := 0; i < 3; i++ {
+		resp, _ := get(t, tester, "/login1", client, "X-Password: right")
+		check(t, fmt.Sprintf("good %d while Redis is down", i), resp, "", want{status: 200})
+	}
+	if got, want := statuses(t, tester, 3, []string{"/login1"}, client, "X-Password: wrong"), "401 401 429 "; got != want {
+		t.Fatalf("failures while Redis is down: %q, want %q (3 counted on Redis, 5 allowed)", got, want)
 	}
 }
