@@ -514,3 +514,64 @@ func TestCountResponseLocalCopy(t *testing.T) {
 		t.Fatalf("failures while Redis is down: %q, want %q (3 counted on Redis, 5 allowed)", got, want)
 	}
 }
+
+// TestCountResponseModes: a count_response zone beside a plain rate (a
+// request either rejects is charged in neither), in a tier, and in a dry
+// run, on memory.
+func TestCountResponseModes(t *testing.T) {
+	up := newLoginUpstream(t, false)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone failures {
+				key {http.request.header.X-Client}
+				rate 2/h
+				count_response status 401
+				tier {http.request.header.X-Plan} {
+					gold 4/h
+				}
+			}
+			zone plain {
+				key {http.request.header.X-Client}
+				rate 6/h
+			}
+			zone watch {
+				key {http.request.header.X-Client}
+				rate 1/h
+				count_response status 401
+				dry_run
+			}
+		}
+		reverse_proxy `+up.addr()+`
+	}`, "caddyfile")
+	a := "X-Client: modes-a"
+	// Two failures fill failures (and the dry run, which never refuses).
+	if got, want := statuses(t, tester, 2, []string{"/"}, a, "X-Password: wrong"), "401 401 "; got != want {
+		t.Fatalf("failures: %q, want %q", got, want)
+	}
+	// Now failures refuses the key, a right password too (refused before
+	// it runs), and a refused request is charged in plain neither: plain
+	// still has 6 - 2.
+	resp, _ := get(t, tester, "/", a, "X-Password: right")
+	check(t, "after two failures", resp, "", want{status: 429})
+	if h := resp.Header.Get("RateLimit"); !strings.Contains(h, `"plain";r=4;`) {
+		t.Errorf("RateLimit = %q, want plain's r=4 (the refused requests charged in no zone)", h)
+	}
+	if h := resp.Header.Get("RateLimit"); !strings.Contains(h, `"watch";r=0;`) {
+		t.Errorf("RateLimit = %q, want the dry run's r=0 (it counted both failures, refusing neither)", h)
+	}
+	// A gold client's failures count against the gold tier's 4.
+	if got, want := statuses(t, tester, 5, []string{"/"}, "X-Client: modes-b", "X-Plan: gold", "X-Password: wrong"), "401 401 401 401 429 "; got != want {
+		t.Fatalf("gold failures: %q, want %q", got, want)
+	}
+	// A gold client's successes cost the tier nothing.
+	c := "X-Client: modes-c"
+	if got, want := statuses(t, tester, 5, []string{"/"}, c, "X-Plan: gold", "X-Password: right"), "200 200 200 200 200 "; got != want {
+		t.Fatalf("gold successes: %q, want %q", got, want)
+	}
+	resp, _ = get(t, tester, "/", c, "X-Plan: gold", "X-Password: wrong")
+	if h := resp.Header.Get("RateLimit"); resp.StatusCode != 401 || !strings.Contains(h, `"failures";r=3;`) {
+		t.Errorf("gold failure after 5 successes: %d, RateLimit = %q, want 401 and failures r=3 (4 - this one)", resp.StatusCode, h)
+	}
+}
