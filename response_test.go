@@ -575,3 +575,77 @@ func TestCountResponseModes(t *testing.T) {
 		t.Errorf("gold failure after 5 successes: %d, RateLimit = %q, want 401 and failures r=3 (4 - this one)", resp.StatusCode, h)
 	}
 }
+
+// TestCountResponseScriptsPerRequest counts the scripts Redis runs: a
+// count_response zone's admitted request whose response matches costs
+// one (the decision), as a plain zone's; one that does not match costs
+// one more (the give-back); a cost_response settled to its estimate costs
+// one, to another cost two.
+func TestCountResponseScriptsPerRequest(t *testing.T) {
+	srv := redistest.Start(t)
+	up := usageUpstream(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone counted {
+				match {
+					path /counted
+				}
+				key {http.request.header.X-Client}
+				rate 1000/h
+				count_response header X-Usage *
+			}
+			zone costed {
+				match {
+					path /costed
+				}
+				key {http.request.header.X-Client}
+				rate 1000/h
+				cost_response {http.response.header.X-Usage}
+			}
+			zone plain {
+				match {
+					path /plain
+				}
+				key {http.request.header.X-Client}
+				rate 1000/h
+			}
+			storage redis {
+				addresses `+srv.Addr+`
+				timeout `+testTimeout+`
+			}
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+	c := srv.Client()
+	// The first script run loads the scripts (EVALSHA, NOSCRIPT, EVAL).
+	get(t, tester, "/plain", "X-Client: warm-up")
+	for _, step := range []struct {
+		name, path, usage string
+		want              int64
+	}{
+		{"plain", "/plain", "", 1},
+		{"counted, matching", "/counted", "1", 1},
+		{"counted, not matching", "/counted", "", 2},
+		{"costed, settled to the estimate", "/costed", "1", 1},
+		{"costed, no number", "/costed", "", 1},
+		{"costed, settled to 5", "/costed", "5", 2},
+	} {
+		before := redistest.Calls(t, c, "evalsha", "eval", "fcall")
+		const n = 10
+		for i := 0; i < n; i++ {
+			hdrs := []string{"X-Client: scripts"}
+			if step.usage != "" {
+				hdrs = append(hdrs, "X-Usage: "+step.usage)
+			}
+			resp, _ := get(t, tester, step.path, hdrs...)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s: status %d", step.name, resp.StatusCode)
+			}
+		}
+		if got := redistest.Calls(t, c, "evalsha", "eval", "fcall") - before; got != step.want*n {
+			t.Errorf("%s: %d scripts for %d requests, want %d per request", step.name, got, n, step.want)
+		}
+	}
+}
