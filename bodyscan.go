@@ -2,11 +2,9 @@ package tollgate
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
 	"mime"
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -29,12 +27,13 @@ import (
 //     read: it keeps the estimate.
 type bodyScanner struct {
 	paths []string
-	found []string // per path: the number last found, or ""
+	segs  [][]string // each path's segments
+	names [][]byte   // each path's first key, quoted: what an event must hold
+	found []string   // per path: the number last found, or ""
 	mode  scanMode
 	buf   []byte // JSON: the body so far; SSE: the line being read
 	data  []byte // SSE: the current event's data
 	skip  bool   // SSE: the current event is too long to read
-	cr    bool   // SSE: the last byte was a CR, whose LF may start the next write
 }
 
 type scanMode uint8
@@ -53,7 +52,13 @@ const (
 )
 
 func newBodyScanner(paths []string) *bodyScanner {
-	return &bodyScanner{paths: paths, found: make([]string, len(paths))}
+	s := &bodyScanner{paths: paths, found: make([]string, len(paths))}
+	for _, p := range paths {
+		segs := strings.Split(p, ".")
+		s.segs = append(s.segs, segs)
+		s.names = append(s.names, []byte(`"`+segs[0]+`"`))
+	}
+	return s
 }
 
 // feed scans p, the next bytes of the body whose headers are h.
@@ -84,28 +89,23 @@ func scanModeOf(h http.Header) scanMode {
 	return scanJSON
 }
 
-// feedSSE splits p into lines (ended by LF, CRLF or CR) and events (ended
-// by an empty line), keeping only the unfinished line and event.
+// feedSSE splits p into lines (ended by LF or CRLF; a bare CR is not a
+// line end here) and events (ended by an empty line), keeping only the
+// unfinished line and event. A line whole within p is read in place.
 func (s *bodyScanner) feedSSE(p []byte) {
-	if s.cr && len(p) > 0 && p[0] == '\n' {
-		p = p[1:] // the LF of a CRLF split between two writes
-	}
-	s.cr = false
 	for len(p) > 0 {
-		i := bytes.IndexAny(p, "\r\n")
+		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
 			s.appendLine(p)
 			return
 		}
-		s.appendLine(p[:i])
-		if p[i] == '\r' {
-			if i+1 == len(p) {
-				s.cr = true
-			} else if p[i+1] == '\n' {
-				i++
-			}
+		if len(s.buf) == 0 && !s.skip {
+			s.line(p[:i])
+		} else {
+			s.appendLine(p[:i])
+			s.line(s.buf)
 		}
-		s.line()
+		s.buf = s.buf[:0]
 		p = p[i+1:]
 	}
 }
@@ -118,10 +118,9 @@ func (s *bodyScanner) appendLine(b []byte) {
 	s.buf = append(s.buf, b...)
 }
 
-// line handles one complete line of the stream.
-func (s *bodyScanner) line() {
-	l := s.buf
-	s.buf = s.buf[:0]
+// line handles one complete line of the stream (its CR, if any, kept).
+func (s *bodyScanner) line(l []byte) {
+	l = bytes.TrimSuffix(l, []byte("\r"))
 	if len(l) == 0 {
 		s.event()
 		return
@@ -150,56 +149,17 @@ func (s *bodyScanner) event() {
 	s.lookup(data, true)
 }
 
-// lookup decodes a JSON object and notes the number at each path that
-// holds one; with quick, only if the object names a path's first key.
+// lookup notes the number at each path of the JSON document that holds
+// one; with quick, only for a document that names the path's first key.
 func (s *bodyScanner) lookup(doc []byte, quick bool) {
-	if quick {
-		named := false
-		for _, p := range s.paths {
-			first, _, _ := strings.Cut(p, ".")
-			if bytes.Contains(doc, []byte(`"`+first+`"`)) {
-				named = true
-				break
-			}
+	for i, segs := range s.segs {
+		if quick && !bytes.Contains(doc, s.names[i]) {
+			continue
 		}
-		if !named {
-			return
+		if n, ok := jsonNumberAt(doc, segs); ok {
+			s.found[i] = string(n)
 		}
 	}
-	d := json.NewDecoder(bytes.NewReader(doc))
-	d.UseNumber()
-	var v any
-	if d.Decode(&v) != nil {
-		return
-	}
-	for i, p := range s.paths {
-		if n, ok := numberAt(v, p); ok {
-			s.found[i] = n
-		}
-	}
-}
-
-// numberAt returns the number at a dotted path in a decoded document (a
-// segment that is a whole number indexes an array).
-func numberAt(v any, path string) (string, bool) {
-	for _, seg := range strings.Split(path, ".") {
-		switch c := v.(type) {
-		case map[string]any:
-			v = c[seg]
-		case []any:
-			i, err := strconv.Atoi(seg)
-			if err != nil || i < 0 || i >= len(c) {
-				return "", false
-			}
-			v = c[i]
-		default:
-			return "", false
-		}
-	}
-	if n, ok := v.(json.Number); ok {
-		return n.String(), true
-	}
-	return "", false
 }
 
 // finish reads what is left (a JSON body, an SSE stream's last event
@@ -210,8 +170,8 @@ func (s *bodyScanner) finish(repl *caddy.Replacer) {
 	case scanJSON:
 		s.lookup(s.buf, false)
 	case scanSSE:
-		if len(s.buf) > 0 {
-			s.line()
+		if len(s.buf) > 0 && !s.skip {
+			s.line(s.buf)
 		}
 		s.event()
 	}
@@ -242,15 +202,9 @@ func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
 	if err != nil || len(buf) > maxJSONScan {
 		return
 	}
-	d := json.NewDecoder(bytes.NewReader(buf))
-	d.UseNumber()
-	var v any
-	if d.Decode(&v) != nil {
-		return
-	}
 	for _, p := range paths {
-		if n, ok := numberAt(v, p); ok {
-			repl.Set(requestJSONPlaceholder+p, n)
+		if n, ok := jsonNumberAt(buf, strings.Split(p, ".")); ok {
+			repl.Set(requestJSONPlaceholder+p, string(n))
 		}
 	}
 }

@@ -3,8 +3,8 @@ package tollgate
 import (
 	"bufio"
 	"encoding/json"
-	"io"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
