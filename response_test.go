@@ -649,3 +649,54 @@ func TestCountResponseScriptsPerRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestClientLeavesMidResponse: a download whose client goes away after
+// 4,000 bytes is settled to the bytes written, not to the estimate.
+func TestClientLeavesMidResponse(t *testing.T) {
+	gone := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/small" {
+			return
+		}
+		w.Write([]byte(strings.Repeat("x", 4000)))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(20 * time.Second):
+		}
+		close(gone)
+	}))
+	defer up.Close()
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone bytes {
+				key {http.request.header.X-Client}
+				rate 10000/d
+				cost 1
+				cost_response {http.response.size}
+			}
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+	req, _ := http.NewRequest(http.MethodGet, base+"/big", nil)
+	req.Header.Set("X-Client", "leaver")
+	resp, err := tester.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 4000)); err != nil {
+		t.Fatalf("reading the first 4000 bytes: %v", err)
+	}
+	resp.Body.Close() // the client leaves mid-response
+	<-gone
+	// Each look reserves 1 and gives it back (an empty body): r is what
+	// the abandoned download left, less that 1.
+	var r int64
+	waitFor(t, "the abandoned download settled", func() bool {
+		resp, _ := get(t, tester, "/small", "X-Client: leaver")
+		r = remaining(t, resp)
+		return r == 10000-4000-1
+	})
+}
