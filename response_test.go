@@ -700,3 +700,25 @@ func TestClientLeavesMidResponse(t *testing.T) {
 		return r == 10000-4000-1
 	})
 }
+
+// TestResponseOptionsJSON: the same options in a JSON config: a class (4
+// for 4xx) in count_response, and cost_response from a header.
+func TestResponseOptionsJSON(t *testing.T) {
+	up := newLoginUpstream(t, false)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(jsonConfig("", `{
+		"handler": "rate_limit",
+		"rate_limits": {"login": {
+			"key": "{http.request.header.X-Client}",
+			"events": 2, "window": "1h",
+			"count_response": {"status_code": [4]}
+		}}
+	}, {"handler": "reverse_proxy", "upstreams": [{"dial": "`+up.addr()+`"}]}`), "json")
+	client := "X-Client: json"
+	if got, want := statuses(t, tester, 4, []string{"/"}, client, "X-Password: right"), "200 200 200 200 "; got != want {
+		t.Fatalf("successes: %q, want %q", got, want)
+	}
+	if got, want := statuses(t, tester, 3, []string{"/"}, client, "X-Password: wrong"), "401 401 429 "; got != want {
+		t.Fatalf("4xx: %q, want %q", got, want)
+	}
+}
