@@ -255,6 +255,10 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			z.BanAfter, err = intArg(d)
 		case "tier":
 			err = unmarshalTiers(d, name, z, at)
+		case "count_response":
+			z.CountResponse, err = unmarshalCountResponse(d)
+		case "cost_response":
+			z.CostResponse, err = stringArg(d)
 		default:
 			return d.Errf("zone '%s': unrecognized subdirective '%s'", name, opt)
 		}

@@ -87,6 +87,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (goOn bool, err error) {
 	repl := replacerOf(r)
 	now := h.now()
+	if h.requestJSON != nil {
+		readRequestJSON(r, repl, h.requestJSON)
+	}
 	var buf [inlineResults]result
 	results := buf[:0]
 	for _, z := range h.zones {
@@ -253,7 +256,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	if len(results) > 0 {
 		placeholdersOf(r, repl).setQuota(&results[mostRestrictive(results, -1)])
 	}
-	if h.slots || maxDelay(results) > 0 {
+	if h.slots || maxDelay(results) > 0 || (h.responses && settles(results)) {
 		return false, h.admitHeld(w, r, next, results)
 	}
 	return true, nil
@@ -277,6 +280,9 @@ func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyht
 			h.logUndoErrors(undo(context.WithoutCancel(r.Context()), results, h.now()))
 			return caddyhttp.Error(499, fmt.Errorf("rate_limit: client went away while its request was delayed: %w", r.Context().Err()))
 		}
+	}
+	if h.responses && settles(results) {
+		return h.serveSettled(w, r, next, results)
 	}
 	return next.ServeHTTP(w, r)
 }

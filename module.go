@@ -84,6 +84,10 @@ type Handler struct {
 	// instances. Default: none, refused.
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 
+	// requestJSON are the paths zones' costs read from a request's JSON
+	// body ({http.rate_limit.request.json.*}), or nil.
+	requestJSON []string
+
 	zones      []*zone
 	headers    headerModes
 	status     int
@@ -93,6 +97,7 @@ type Handler struct {
 	redis      *RedisStorage  // the backend, if it is Redis
 	bans       bool           // a zone has a ban
 	slots      bool           // a zone has concurrency slots
+	responses  bool           // a zone has count_response or cost_response
 	logger     *zap.Logger
 	logRejects bool         // the logger takes debug lines (see logReject)
 	now        func() int64 // µs since the Unix epoch: clock, at provision
@@ -164,6 +169,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 		h.bans = h.bans || z.ban != nil
+		h.responses = h.responses || z.response != nil
+		h.requestJSON = append(h.requestJSON, z.requestJSON...)
 		for _, p := range z.parts {
 			h.slots = h.slots || p.role == roleSlots
 		}

@@ -136,6 +136,23 @@ type Zone struct {
 	// Tiers maps a TierKey value to its limit. A key's state is kept per
 	// tier. Default: none.
 	Tiers map[string]*Tier `json:"tiers,omitempty"`
+
+	// CountResponse makes the zone charge only the requests whose response
+	// matches (status codes or classes, headers; Caddy's response
+	// matcher, as in reverse_proxy's handle_response): the cost is
+	// reserved when the request arrives and given back when the response
+	// does not match. Default: none (every admitted request counts).
+	CountResponse *caddyhttp.ResponseMatcher `json:"count_response,omitempty"`
+
+	// CostResponse is a template whose value, once the response is
+	// complete, is the request's actual cost, such as
+	// "{http.response.header.X-Usage}", "{http.response.size}" or
+	// "{http.rate_limit.response.json.usage.total_tokens}": the zone
+	// reserves Cost (the estimate) up front and settles to it, giving back
+	// the difference or owing the excess past the capacity. A value that
+	// is not a number keeps the estimate. Default: none (the cost is
+	// Cost).
+	CostResponse string `json:"cost_response,omitempty"`
 }
 
 // defaultLease is concurrency_lease when it is not set.
@@ -239,6 +256,12 @@ type zone struct {
 	tierHeader string
 	tiers      map[string]*zone
 	tier       string // on a tier's rate part: its value
+
+	// response, on a base: its count_response and cost_response, or nil.
+	response *responseRule
+	// requestJSON, on a base: the paths its cost reads from the request's
+	// JSON body, or nil.
+	requestJSON []string
 }
 
 // zoneSettings are a Zone's values, checked and parsed: all of a zone
@@ -256,6 +279,8 @@ type zoneSettings struct {
 	cost           int64  // constant cost, milli
 	defaultCost    int64  // milli
 	onError        int
+	response       *responseRule // count_response, cost_response; nil without them
+	requestJSON    []string      // the paths of cost's {http.rate_limit.request.json.*}
 }
 
 // validate checks every value of the zone, naming the field and the
@@ -358,6 +383,9 @@ func (zc *Zone) settings() (zoneSettings, error) {
 		s.cost = algorithms.Milli
 	case strings.Contains(c, "{"):
 		s.costTemplate = c
+		if s.requestJSON, err = jsonPaths(c, requestJSONPlaceholder); err != nil {
+			return s, fmt.Errorf("cost: %w", err)
+		}
 	default:
 		m, ok := algorithms.ParseCost(c)
 		if !ok {
@@ -372,6 +400,9 @@ func (zc *Zone) settings() (zoneSettings, error) {
 	}
 
 	if s.tiers, err = zc.tierLimits(&s); err != nil {
+		return s, err
+	}
+	if err := zc.responseSettings(&s); err != nil {
 		return s, err
 	}
 
@@ -448,6 +479,11 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		z.parts = append(z.parts, slots)
 	}
 	z.all = append(z.all, z.parts...)
+	z.response = s.response
+	z.requestJSON = s.requestJSON
+	if err := h.checkSettlers(z); err != nil {
+		return nil, err
+	}
 	if s.tiers != nil {
 		if err := h.provisionTiers(z, zc.TierKey, s.tiers); err != nil {
 			return nil, err

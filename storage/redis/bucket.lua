@@ -67,8 +67,12 @@ local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 	local debt = drain(level, now - at, scale)
 	at, level = now, debt
 
-	if op == 'u' then
+	if op == 'o' then
+		level = owe(level, x)
+	elseif op == 'u' then
 		level = level - giveback(level, x, now, ta, tr, maxdelay, scale)
+	end
+	if op == 'u' or op == 'o' then
 		save(key, micros(level, scale), now - raw, 'at', at, 'level', level)
 		return nil
 	end

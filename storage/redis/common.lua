@@ -16,7 +16,8 @@
 --      decide; a key that does not exist is fresh); 'n' check a cost
 --      above capacity (as 'r', read only); 'u' undo (returns nil); 'g'
 --      grant x more for the window (fixed_window only; writes,
---      and answers as a peek for one event)
+--      and answers as a peek for one event); 'o' owe x whatever the
+--      capacity (Limit.Owe, settle.lua; returns nil)
 -- now: µs since the Unix epoch, as the script read it
 -- x:   the request's cost as the algorithm counts it
 -- ta, tr: for an undo, the At and Reset of the decision that charged what
@@ -25,7 +26,7 @@
 --
 -- and returns {allowed, remaining, reset, wait, delay, at} as integers,
 -- at being the now it decided at (held when the clock ran backwards).
--- Only 't', 'r' and 'u' write.
+-- Only 't', 'r', 'u' and 'o' write.
 
 -- Redis before 5 replicated scripts verbatim and refused writes after TIME.
 if redis.replicate_commands then
@@ -159,4 +160,10 @@ local function roll(now, at, level, prev, w)
 		at = start
 	end
 	return now, at, level, prev
+end
+
+-- owe is algorithms' owe: level + x, capped at OwedCap (2^50) or at level
+-- if it holds more already (op 'o', the excess of a settlement).
+local function owe(level, x)
+	return math.min(level + x, math.max(level, 1125899906842624))
 end

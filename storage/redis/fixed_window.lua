@@ -28,6 +28,16 @@ local function fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, to
 		return 0
 	end
 
+	if op == 'o' then
+		level = owe(level, x)
+		if grant ~= g0 then
+			save(key, fresh(), now - raw, 'at', at, 'level', level, 'grant', grant, ...)
+		else
+			save(key, fresh(), now - raw, 'at', at, 'level', level, ...)
+		end
+		return nil
+	end
+
 	local d
 	if level + x > limit then
 		d = {0, quo(limit - level, 1000), tonext, tonext, 0, now}

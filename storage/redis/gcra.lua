@@ -44,6 +44,13 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 		end
 	end
 
+	if op == 'o' then
+		if at - now <= 4 * 1125899906842624 then
+			store(owe(debt, x))
+		end
+		return nil
+	end
+
 	if op == 'u' then
 		if debt > 0 then
 			store(debt - giveback(debt, x, now, ta, tr, 0, scale))

@@ -2,8 +2,8 @@
 -- Peek), after common.lua and the algorithm's file.
 --
 -- KEYS[1]:      the key
--- KEYS[2]:      for 'u' and 'x', the key's reset mark (in KEYS[1]'s slot)
--- ARGV[1] op:   as in common.lua ('t', 'r', 'p' or 'u'), or 'x' reset
+-- KEYS[2]:      for 'u', 'o' and 'x', the key's reset mark (in KEYS[1]'s slot)
+-- ARGV[1] op:   as in common.lua ('t', 'r', 'p', 'u', 'o', 'g'), or 'x' reset
 -- ARGV[2] now:  µs since the Unix epoch; negative means the server's clock
 -- ARGV[3]:      TTL slack in ms
 -- ARGV[4] x:    the request's cost as the algorithm counts it; for a
@@ -18,11 +18,12 @@
 -- A reset deletes the key and marks the time it did so (the time its
 -- state held, if the clock ran backwards) in KEYS[2]: an undo of a charge
 -- made at or before the mark gives nothing back (the reset gave it back),
--- so that it cannot take from what the key was charged since. The mark
+-- so that it cannot take from what the key was charged since; nor is an
+-- excess settled ('o') for such a charge (the reset forgave it). The mark
 -- is kept as long as a charge counts (storage.Horizon).
 slack = tonumber(ARGV[3])
 local op = ARGV[1]
-if (op == 'x' or op == 'u') and KEYS[2] then
+if (op == 'x' or op == 'u' or op == 'o') and KEYS[2] then
 	local mark = tonumber(redis.call('GET', KEYS[2]))
 	if op == 'x' then
 		local now = clock(ARGV[2])
@@ -37,8 +38,8 @@ if (op == 'x' or op == 'u') and KEYS[2] then
 		redis.call('SET', KEYS[2], now, 'PX', tonumber(ARGV[4]) + slack)
 		return {redis.call('DEL', KEYS[1])}
 	end
-	if op == 'u' and mark and tonumber(ARGV[5]) <= mark then
-		return {}
+	if (op == 'u' or op == 'o') and mark and tonumber(ARGV[5]) <= mark then
+		return {} -- reset since: the reset gave back, and forgave, the charge
 	end
 end
 return algs[ARGV[7]](KEYS[1], ARGV[1], clock(ARGV[2]), tonumber(ARGV[4]),

@@ -57,6 +57,12 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 		save(key, fresh(), now - raw, 'at', at, 'level', level, 'prev', prev)
 	end
 
+	if op == 'o' then
+		level = owe(level, x)
+		persist()
+		return nil
+	end
+
 	if op == 'u' then
 		-- To the window it was charged in, while the state counts it.
 		local charged = quo(ta, w) * w

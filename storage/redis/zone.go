@@ -227,7 +227,7 @@ func (z *zone) runKeys(ctx context.Context, op, rkey string, marked bool, now, x
 		return decision(v), true, nil
 	case len(v) == 0 && op == opPeek:
 		return d, false, nil
-	case len(v) == 0 && (op == opUndo || op == opRenew):
+	case len(v) == 0 && (op == opUndo || op == opRenew || op == opOwe):
 		return d, true, nil
 	}
 	return d, false, fmt.Errorf("%w: %v", errReply, v)

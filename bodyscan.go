@@ -1,0 +1,217 @@
+package tollgate
+
+import (
+	"bytes"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// The body scanner reads numbers for {http.rate_limit.response.json.*}
+// from a response body as it passes to the client: the body is never held
+// back or delayed, and only a bounded amount of it is kept.
+//
+//   - A Server-Sent Events stream (Content-Type text/event-stream) is
+//     read event by event; each event whose data is a JSON object naming
+//     the path's first key is decoded, and the last event that holds a
+//     number at the path wins (an OpenAI-compatible stream's final chunk
+//     with stream_options.include_usage, Anthropic's message_delta). At
+//     most maxEventScan bytes of one event are kept; a longer event is
+//     skipped.
+//   - Any other body is read as one JSON document, of which at most
+//     maxJSONScan bytes are kept; a longer body keeps the estimate.
+//   - A compressed body (a Content-Encoding other than identity) is not
+//     read: it keeps the estimate.
+type bodyScanner struct {
+	paths []string
+	segs  [][]string // each path's segments
+	names [][]byte   // each path's first key, quoted: what an event must hold
+	found []string   // per path: the number last found, or ""
+	mode  scanMode
+	buf   []byte // JSON: the body so far; SSE: the line being read
+	data  []byte // SSE: the current event's data
+	skip  bool   // SSE: the current event is too long to read
+}
+
+type scanMode uint8
+
+const (
+	scanUnknown scanMode = iota // before the first bytes
+	scanJSON
+	scanSSE
+	scanOff // compressed, or past the bound
+)
+
+// Bounds on what the scanner keeps per request.
+const (
+	maxJSONScan  = 1 << 20  // a JSON body longer than this keeps the estimate
+	maxEventScan = 64 << 10 // an event longer than this is skipped
+)
+
+func newBodyScanner(paths []string) *bodyScanner {
+	s := &bodyScanner{paths: paths, found: make([]string, len(paths))}
+	for _, p := range paths {
+		segs := strings.Split(p, ".")
+		s.segs = append(s.segs, segs)
+		s.names = append(s.names, []byte(`"`+segs[0]+`"`))
+	}
+	return s
+}
+
+// feed scans p, the next bytes of the body whose headers are h.
+func (s *bodyScanner) feed(h http.Header, p []byte) {
+	if s.mode == scanUnknown {
+		s.mode = scanModeOf(h)
+	}
+	switch s.mode {
+	case scanJSON:
+		if len(s.buf)+len(p) > maxJSONScan {
+			s.mode, s.buf = scanOff, nil
+			return
+		}
+		s.buf = append(s.buf, p...)
+	case scanSSE:
+		s.feedSSE(p)
+	}
+}
+
+// scanModeOf chooses how to read a body from its headers.
+func scanModeOf(h http.Header) scanMode {
+	if enc := h.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		return scanOff
+	}
+	if mt, _, err := mime.ParseMediaType(h.Get("Content-Type")); err == nil && mt == "text/event-stream" {
+		return scanSSE
+	}
+	return scanJSON
+}
+
+// feedSSE splits p into lines (ended by LF or CRLF; a bare CR is not a
+// line end here) and events (ended by an empty line), keeping only the
+// unfinished line and event. A line whole within p is read in place.
+func (s *bodyScanner) feedSSE(p []byte) {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			s.appendLine(p)
+			return
+		}
+		if len(s.buf) == 0 && !s.skip {
+			s.line(p[:i])
+		} else {
+			s.appendLine(p[:i])
+			s.line(s.buf)
+		}
+		s.buf = s.buf[:0]
+		p = p[i+1:]
+	}
+}
+
+func (s *bodyScanner) appendLine(b []byte) {
+	if len(s.buf)+len(b) > maxEventScan {
+		s.skip = true
+		return
+	}
+	s.buf = append(s.buf, b...)
+}
+
+// line handles one complete line of the stream (its CR, if any, kept).
+func (s *bodyScanner) line(l []byte) {
+	l = bytes.TrimSuffix(l, []byte("\r"))
+	if len(l) == 0 {
+		s.event()
+		return
+	}
+	if rest, ok := bytes.CutPrefix(l, []byte("data:")); ok && !s.skip {
+		rest = bytes.TrimPrefix(rest, []byte(" "))
+		if len(s.data)+len(rest)+1 > maxEventScan {
+			s.skip = true
+			return
+		}
+		if len(s.data) > 0 {
+			s.data = append(s.data, '\n')
+		}
+		s.data = append(s.data, rest...)
+	}
+}
+
+// event handles a complete event: its data is looked into if it may hold
+// a path.
+func (s *bodyScanner) event() {
+	data, skip := s.data, s.skip
+	s.data, s.skip = s.data[:0], false
+	if skip || len(data) == 0 || data[0] != '{' {
+		return
+	}
+	s.lookup(data, true)
+}
+
+// lookup notes the number at each path of the JSON document that holds
+// one; with quick, only for a document that names the path's first key.
+func (s *bodyScanner) lookup(doc []byte, quick bool) {
+	for i, segs := range s.segs {
+		if quick && !bytes.Contains(doc, s.names[i]) {
+			continue
+		}
+		if n, ok := jsonNumberAt(doc, segs); ok {
+			s.found[i] = string(n)
+		}
+	}
+}
+
+// finish reads what is left (a JSON body, an SSE stream's last event
+// without its empty line) and sets each path's placeholder that was
+// found.
+func (s *bodyScanner) finish(repl *caddy.Replacer) {
+	switch s.mode {
+	case scanJSON:
+		s.lookup(s.buf, false)
+	case scanSSE:
+		if len(s.buf) > 0 && !s.skip {
+			s.line(s.buf)
+		}
+		s.event()
+	}
+	for i, p := range s.paths {
+		if s.found[i] != "" {
+			repl.Set(jsonPlaceholder+p, s.found[i])
+		}
+	}
+}
+
+// requestJSONPlaceholder starts the placeholders of a number in the
+// request's JSON body, such as {http.rate_limit.request.json.max_tokens}.
+const requestJSONPlaceholder = "http.rate_limit.request.json."
+
+// readRequestJSON reads the numbers at paths in the request's JSON body
+// into their placeholders, for a cost estimate (an LLM request's
+// max_tokens). At most maxJSONScan bytes are read; the body is put back
+// as it was for the handlers after, read or not. A body that is longer,
+// not JSON, or lacks a path sets nothing (the cost is then default_cost).
+//
+//go:noinline
+func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, maxJSONScan+1))
+	r.Body = replayBody{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
+	if err != nil || len(buf) > maxJSONScan {
+		return
+	}
+	for _, p := range paths {
+		if n, ok := jsonNumberAt(buf, strings.Split(p, ".")); ok {
+			repl.Set(requestJSONPlaceholder+p, string(n))
+		}
+	}
+}
+
+// replayBody is a request body whose first bytes were read and are read
+// again, closed as the original.
+type replayBody struct {
+	io.Reader
+	io.Closer
+}

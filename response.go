@@ -1,0 +1,321 @@
+package tollgate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+// Limits on what the response says (count_response, cost_response): the
+// zone reserves the request's cost when it arrives, as any zone charges
+// it, and settles the charge when the rest of the handler chain returns,
+// in whatever way: given back when the response does not match, settled
+// to the actual cost the response tells. Only a request that a zone with
+// these options admitted goes through serveSettled; every other request's
+// path is untouched.
+
+// responseRule is a zone's count_response and cost_response, parsed.
+type responseRule struct {
+	match *caddyhttp.ResponseMatcher // nil: every response counts
+	cost  string                     // the cost_response template, or ""
+	// json are the dotted paths of the {http.rate_limit.response.json.*}
+	// placeholders in cost: the numbers the body scanner looks for.
+	json []string
+}
+
+// jsonPlaceholder starts the placeholders of a number in the response
+// body.
+const jsonPlaceholder = "http.rate_limit.response.json."
+
+// responseSettings checks count_response and cost_response and parses them
+// into s.response.
+func (zc *Zone) responseSettings(s *zoneSettings) error {
+	if zc.CountResponse == nil && zc.CostResponse == "" {
+		return nil
+	}
+	field := "count_response"
+	if zc.CountResponse == nil {
+		field = "cost_response"
+	}
+	if !s.rate {
+		return fmt.Errorf("%s: needs a rate (events and window); a zone with only concurrency counts requests in flight, not responses", field)
+	}
+	rule := &responseRule{match: zc.CountResponse}
+	if m := zc.CountResponse; m != nil {
+		if m.StatusCode == nil && m.Headers == nil {
+			return fmt.Errorf("count_response: give a status or a header to match; an empty matcher matches every response")
+		}
+		for _, code := range m.StatusCode {
+			if (code < 1 || code > 5) && (code < 100 || code > 599) {
+				return fmt.Errorf("count_response: status %d is neither a class (1 to 5, or 1xx to 5xx) nor a status code (100 to 599)", code)
+			}
+		}
+	}
+	if c := strings.TrimSpace(zc.CostResponse); c != "" {
+		if !strings.Contains(c, "{") {
+			return fmt.Errorf("cost_response: must be a placeholder template such as {http.response.header.X-Usage}, got %q", zc.CostResponse)
+		}
+		if err := s.limit.CanSettle(); err != nil {
+			return fmt.Errorf("cost_response: %w", err)
+		}
+		paths, err := jsonPaths(c, jsonPlaceholder)
+		if err != nil {
+			return fmt.Errorf("cost_response: %w", err)
+		}
+		rule.cost, rule.json = c, paths
+	}
+	s.response = rule
+	return nil
+}
+
+// jsonPaths returns the dotted paths of the placeholders starting with
+// prefix (a body-number placeholder's) in a template, checking each.
+func jsonPaths(tmpl, prefix string) ([]string, error) {
+	var paths []string
+	for rest := tmpl; ; {
+		i := strings.Index(rest, "{"+prefix)
+		if i < 0 {
+			return paths, nil
+		}
+		rest = rest[i+1+len(prefix):]
+		end := strings.IndexAny(rest, "}:")
+		if end < 0 {
+			return nil, fmt.Errorf("unclosed placeholder {%s%s", prefix, rest)
+		}
+		path := rest[:end]
+		for _, seg := range strings.Split(path, ".") {
+			if seg == "" {
+				return nil, fmt.Errorf("{%s%s}: a dotted path of names, such as usage.total_tokens, has no empty segment", prefix, path)
+			}
+		}
+		paths = append(paths, path)
+		rest = rest[end:]
+	}
+}
+
+// unmarshalCountResponse parses `count_response <response matcher>`: the
+// one-line form (`count_response status 401 403`) or a block (`status`,
+// `header` lines), as reverse_proxy's named response matchers.
+func unmarshalCountResponse(d *caddyfile.Dispenser) (*caddyhttp.ResponseMatcher, error) {
+	m := map[string]caddyhttp.ResponseMatcher{}
+	seg := d.NewFromNextSegment()
+	if err := caddyhttp.ParseNamedResponseMatcher(seg, m); err != nil {
+		return nil, err
+	}
+	rm, ok := m["count_response"]
+	if !ok {
+		return nil, d.ArgErr()
+	}
+	return &rm, nil
+}
+
+// checkSettlers refuses a zone with cost_response whose store cannot
+// settle an excess (a storage module of another package); count_response
+// alone gives back with Undo, which every store has.
+func (h *Handler) checkSettlers(z *zone) error {
+	if z.response == nil || z.response.cost == "" {
+		return nil
+	}
+	if _, ok := z.limiter.(storage.Settler); !ok {
+		return fmt.Errorf("cost_response: storage %T cannot settle a cost found after the response; use storage memory or redis", h.backend)
+	}
+	return nil
+}
+
+// settles reports whether a zone with response options admitted the
+// request and charged it: its charge is to be settled.
+func settles(results []result) bool {
+	for i := range results {
+		if results[i].settles() {
+			return true
+		}
+	}
+	return false
+}
+
+// settles reports whether res is a charge to settle when the response is
+// complete. A cost of 0 settles too: its excess is owed.
+func (res *result) settles() bool {
+	return res.z.base.response != nil && res.z.role == roleRate && res.d.Allowed && !storage.Skipped(res.d)
+}
+
+// serveSettled sends the request on through a tap on its response, and
+// settles the charges of results when the handler chain returns, in
+// whatever way (an error, a panic, a client gone).
+func (h *Handler) serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, results []result) (err error) {
+	tap := newResponseTap(w, results)
+	returned := false
+	defer func() {
+		status := tap.status
+		switch {
+		case tap.wrote:
+		case !returned:
+			status = http.StatusInternalServerError // a panic
+		case err != nil:
+			status = http.StatusInternalServerError
+			var he caddyhttp.HandlerError
+			if errors.As(err, &he) && he.StatusCode != 0 {
+				status = he.StatusCode
+			}
+		default:
+			status = http.StatusOK // nothing written: net/http sends 200
+		}
+		h.settle(r, results, tap, status)
+	}()
+	err = next.ServeHTTP(tap, r)
+	returned = true
+	return err
+}
+
+// settle settles each charge of results to what the response tells.
+func (h *Handler) settle(r *http.Request, results []result, tap *responseTap, status int) {
+	repl := replacerOf(r)
+	repl.Set("http.response.status", status)
+	repl.Set("http.response.size", tap.size)
+	if tap.scan != nil {
+		tap.scan.finish(repl)
+	}
+	ctx := context.WithoutCancel(r.Context())
+	now := h.now()
+	for i := range results {
+		res := &results[i]
+		if !res.settles() {
+			continue
+		}
+		actual := res.z.base.response.actual(res.cost, status, tap.Header(), repl)
+		if actual == res.cost {
+			continue
+		}
+		if err := settleCharge(ctx, res, now, actual); err != nil {
+			h.logStoreError(res.z, err)
+		}
+	}
+}
+
+// actual is the settled cost of a request that reserved cost and ended with
+// status and header: 0 for a response that does not match, the
+// cost_response value if it reads as a cost, else the reservation.
+func (rule *responseRule) actual(cost int64, status int, header http.Header, repl *caddy.Replacer) int64 {
+	if rule.match != nil && !rule.match.Match(status, header) {
+		return 0
+	}
+	if rule.cost != "" {
+		if m, ok := algorithms.ParseCost(repl.ReplaceAll(rule.cost, "")); ok {
+			return m
+		}
+	}
+	return cost
+}
+
+// settleCharge settles res, which reserved res.cost, to actual on the
+// limiter that decided it: as one step on a Settler, else (a store of
+// another package, count_response only) by giving back with Undo.
+func settleCharge(ctx context.Context, res *result, now, actual int64) error {
+	if s, ok := res.limiter.(storage.Settler); ok {
+		return s.Settle(ctx, res.key, now, res.cost, actual, res.d)
+	}
+	if actual < res.cost {
+		return res.limiter.Undo(ctx, res.key, now, res.cost-actual, res.d)
+	}
+	return nil
+}
+
+// Settle settles on Redis, bounded by the timeout and the breaker, and in
+// the zone's local copy (on_storage_error local) whether Redis answered or
+// not: the copy decides while Redis does not answer, and must know what
+// was given back or owed meanwhile.
+func (l *redisLimiter) Settle(ctx context.Context, key string, now, reserved, actual int64, taken algorithms.Decision) error {
+	if l.copy != nil {
+		defer l.copy.Settle(ctx, key, now, reserved, actual, taken)
+	}
+	s, ok := l.inner.(storage.Settler)
+	if !ok {
+		return fmt.Errorf("%T cannot settle", l.inner)
+	}
+	return l.health.do(ctx, func() (bool, error) {
+		c, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		return true, s.Settle(c, key, now, reserved, actual, taken)
+	})
+}
+
+// responseTap passes a response through unchanged, noting its status, its
+// body's size, and (for a body-number placeholder) scanning the body as it
+// passes.
+type responseTap struct {
+	*caddyhttp.ResponseWriterWrapper
+	status int
+	wrote  bool  // the final status was written
+	size   int64 // body bytes written
+	scan   *bodyScanner
+}
+
+func newResponseTap(w http.ResponseWriter, results []result) *responseTap {
+	t := &responseTap{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	var paths []string
+	for i := range results {
+		if results[i].settles() {
+			paths = append(paths, results[i].z.base.response.json...)
+		}
+	}
+	if len(paths) > 0 {
+		t.scan = newBodyScanner(paths)
+	}
+	return t
+}
+
+// WriteHeader notes the final status (not an informational 1xx).
+func (t *responseTap) WriteHeader(code int) {
+	if !t.wrote && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		t.status, t.wrote = code, true
+	}
+	t.ResponseWriterWrapper.WriteHeader(code)
+}
+
+// Write counts the body's bytes as written to the client and scans them.
+func (t *responseTap) Write(p []byte) (int, error) {
+	if !t.wrote {
+		t.status, t.wrote = http.StatusOK, true
+	}
+	n, err := t.ResponseWriterWrapper.Write(p)
+	t.size += int64(n)
+	if t.scan != nil && n > 0 {
+		t.scan.feed(t.Header(), p[:n])
+	}
+	return n, err
+}
+
+// ReadFrom keeps the underlying writer's ReadFrom (sendfile) when the
+// body is only counted; a scanned body goes through Write.
+func (t *responseTap) ReadFrom(r io.Reader) (int64, error) {
+	if !t.wrote {
+		t.status, t.wrote = http.StatusOK, true
+	}
+	if t.scan != nil {
+		return io.Copy(writerOnly{t}, r)
+	}
+	n, err := t.ResponseWriterWrapper.ReadFrom(r)
+	t.size += n
+	return n, err
+}
+
+// writerOnly hides every method of a writer but Write (so that io.Copy
+// does not call ReadFrom again).
+type writerOnly struct{ io.Writer }
+
+// Interface guards.
+var (
+	_ storage.Settler     = (*redisLimiter)(nil)
+	_ http.ResponseWriter = (*responseTap)(nil)
+	_ io.ReaderFrom       = (*responseTap)(nil)
+)

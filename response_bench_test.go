@@ -1,0 +1,181 @@
+package tollgate
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// statusNext answers with status and the X-Usage header usage.
+func statusNext(status int, usage string) caddyhttp.Handler {
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+		if usage != "" {
+			w.Header().Set("X-Usage", usage)
+		}
+		w.WriteHeader(status)
+		return nil
+	})
+}
+
+// BenchmarkServeHTTPResponse is BenchmarkServeHTTP's allowed path for the
+// response options on the memory store: a plain zone (the baseline), a
+// count_response zone whose response matches (nothing to settle) and one
+// whose response does not (a give-back), and a cost_response zone
+// settled from a header to more than its estimate.
+func BenchmarkServeHTTPResponse(b *testing.B) {
+	matcher := &caddyhttp.ResponseMatcher{StatusCode: []int{401}}
+	cases := []struct {
+		name string
+		zone Zone
+		next caddyhttp.Handler
+	}{
+		{"plain", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, statusNext(200, "")},
+		{"count_response/matching", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), CountResponse: matcher}, statusNext(401, "")},
+		{"count_response/give-back", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), CountResponse: matcher}, statusNext(200, "")},
+		{"cost_response/header", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), CostResponse: "{http.response.header.X-Usage}"}, statusNext(200, "3")},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			z := c.zone
+			h := &Handler{RateLimits: map[string]*Zone{"bench": &z}}
+			provisionBench(b, h)
+			reqs := benchRequests(100)
+			w := &nopWriter{h: make(http.Header)}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				clear(w.h)
+				if err := h.ServeHTTP(w, reqs[i%len(reqs)], c.next); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// streamSize is the body of BenchmarkStreamScan: 10 MB of events.
+const streamSize = 10 << 20
+
+// sseStream writes streamSize bytes of OpenAI-style chunks, flushed every
+// 16, and a last chunk with the usage.
+func sseStream(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	chunk := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 900) + "\"}}],\"usage\":null}\n\n")
+	f := w.(http.Flusher)
+	for n, i := 0, 0; n < streamSize; n, i = n+len(chunk), i+1 {
+		w.Write(chunk)
+		if i%16 == 0 {
+			f.Flush()
+		}
+	}
+	io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"total_tokens\":12345}}\n\ndata: [DONE]\n\n")
+}
+
+// BenchmarkStreamScan streams a 10 MB event stream from an upstream
+// through the handler and a reverse proxy to a client, over loopback TCP:
+// scan=off through a zone without cost_response, scan=on through one
+// settling from the stream's usage. The throughput of the two (MB/s) is
+// the body scanner's cost; B/op shows what a request holds.
+func BenchmarkStreamScan(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(sseStream))
+	defer up.Close()
+	target, _ := url.Parse(up.URL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.FlushInterval = -1
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		proxy.ServeHTTP(w, r)
+		return nil
+	})
+	for _, scan := range []bool{false, true} {
+		b.Run("scan="+map[bool]string{false: "off", true: "on"}[scan], func(b *testing.B) {
+			z := Zone{Key: "static", Events: 1 << 30, Window: caddy.Duration(3600e9)}
+			if scan {
+				z.CostResponse = "{http.rate_limit.response.json.usage.total_tokens}"
+			}
+			h := &Handler{RateLimits: map[string]*Zone{"bench": &z}, Headers: []string{"none"}}
+			provisionBench(b, h)
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				repl := caddy.NewReplacer()
+				r = caddyhttp.PrepareRequest(r, repl, w, nil)
+				if err := h.ServeHTTP(w, r, next); err != nil {
+					http.Error(w, err.Error(), 500)
+				}
+			}))
+			defer front.Close()
+			client := front.Client()
+			b.SetBytes(streamSize)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				resp, err := client.Get(front.URL)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, _ := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || n < streamSize {
+					b.Fatalf("status %d, %d bytes", resp.StatusCode, n)
+				}
+			}
+		})
+	}
+}
+
+// TestBodyScannerHoldsBounded feeds the scanner a 10 MB event stream in
+// writes of every size, one event far over the bound, and a JSON body
+// over its bound, and checks what it keeps: at most one event's bound of
+// line and data, nothing of a JSON body past its bound, and the usage of
+// the last event that holds it.
+func TestBodyScannerHoldsBounded(t *testing.T) {
+	sse := http.Header{"Content-Type": {"text/event-stream"}}
+	var body strings.Builder
+	for body.Len() < streamSize {
+		fmt.Fprintf(&body, "data: {\"choices\":[{\"delta\":{\"content\":%q}}],\"usage\":null}\r\n\r\n", strings.Repeat("y", body.Len()%3000))
+	}
+	body.WriteString("data: {\"usage\":{\"total_tokens\":7}}\n\n")
+	body.WriteString("data: \"" + strings.Repeat("z", 2*maxEventScan) + "\"\n\n") // skipped
+	body.WriteString("data: {\"usage\":\n")                                       // an event over two data lines
+	body.WriteString("data: {\"total_tokens\":42}}\n\n")
+	body.WriteString("data: [DONE]\n\n")
+	s := newBodyScanner([]string{"usage.total_tokens"})
+	src := body.String()
+	held := 0
+	for i, step := 0, 1; i < len(src); step = step%7919 + 13 {
+		end := min(len(src), i+step)
+		s.feed(sse, []byte(src[i:end]))
+		held = max(held, cap(s.buf)+cap(s.data))
+		i = end
+	}
+	repl := caddy.NewReplacer()
+	s.finish(repl)
+	if held > 4*maxEventScan {
+		t.Errorf("the scanner held %d bytes at once, want at most %d (bounded per event)", held, 4*maxEventScan)
+	}
+	if got, _ := repl.GetString(jsonPlaceholder + "usage.total_tokens"); got != "42" {
+		t.Errorf("usage.total_tokens = %q, want 42 (the last event holding it, two data lines)", got)
+	}
+
+	j := newBodyScanner([]string{"usage.total_tokens"})
+	big := []byte(strings.Repeat(" ", 64<<10))
+	for i := 0; i < 2*maxJSONScan/len(big); i++ {
+		j.feed(http.Header{}, big)
+	}
+	if j.mode != scanOff || cap(j.buf) != 0 {
+		t.Errorf("a JSON body over %d bytes: mode %d, %d bytes held; want the scan off and nothing held", maxJSONScan, j.mode, cap(j.buf))
+	}
+	gz := newBodyScanner([]string{"usage.total_tokens"})
+	gz.feed(http.Header{"Content-Encoding": {"gzip"}, "Content-Type": {"application/json"}}, []byte(`{"usage":{"total_tokens":3}}`))
+	repl = caddy.NewReplacer()
+	gz.finish(repl)
+	if got, ok := repl.GetString(jsonPlaceholder + "usage.total_tokens"); ok {
+		t.Errorf("a compressed body: usage.total_tokens = %q, want unset (the estimate kept)", got)
+	}
+}

@@ -1,0 +1,42 @@
+package memory
+
+import (
+	"context"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+// Settle settles the Take for key whose Decision is taken, which reserved
+// milli-units, to actual milli-units, under the key's shard lock (see
+// algorithms.Limit.Settle). A give-back to a key evicted or swept
+// meanwhile gives nothing; an excess owed by such a key starts it again,
+// owing. A key reset at or after taken.At settles nothing: the reset gave
+// the reservation back and forgave what the key owed (see Undo).
+func (s *Store) Settle(_ context.Context, key string, now, reserved, actual int64, taken algorithms.Decision) error {
+	if actual == reserved || s.limit.Kind == algorithms.Concurrency {
+		return nil
+	}
+	now = s.at(now)
+	h, sh := s.locate(key)
+	sh.mu.Lock()
+	if s.resets.any.Load() && s.resets.since(key, taken.At, now) {
+		sh.mu.Unlock()
+		return nil
+	}
+	var victim *entry
+	if actual < reserved {
+		if i := sh.live(h, key); i >= 0 {
+			s.limit.Settle(&sh.slots[i].e.state, now, reserved, actual, taken)
+		}
+	} else {
+		var e *entry
+		e, victim = s.get(sh, h, key)
+		s.limit.Settle(&e.state, now, reserved, actual, taken)
+	}
+	sh.mu.Unlock()
+	s.drop(victim)
+	return nil
+}
+
+var _ storage.Settler = (*Store)(nil)
