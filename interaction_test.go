@@ -2,6 +2,7 @@ package tollgate
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
@@ -748,7 +750,36 @@ func (r *ixRun) load() {
 	if r.srv != nil {
 		addr = r.srv.Addr
 	}
-	r.tester.InitServer(ixConfig(r.up.URL, addr, r.instances, r.settings), "caddyfile")
+	reload(r.t, ixConfig(r.up.URL, addr, r.instances, r.settings))
+}
+
+// reload loads a Caddyfile into the running test Caddy, as an operator's
+// reload does: POST /load to the admin API. caddytest's InitServer skips
+// the test when the admin endpoint does not answer at once, which a run
+// of hundreds of reloads meets now and then (the admin server restarts
+// with each load): a skip would pass the sequence silently.
+func reload(t *testing.T, caddyfile string) {
+	t.Helper()
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	if err != nil {
+		t.Fatalf("adapting the configuration: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Post(adminBase+"/load", "application/json", bytes.NewReader(cfg))
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			t.Fatalf("POST /load: status %d: %s", resp.StatusCode, body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("POST /load: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // check checks the invariants after a step.
@@ -933,7 +964,7 @@ func TestInteraction(t *testing.T) {
 					s, s, failed, strings.Join(errs, "\n\t"), shrunk.indexes, strings.Join(shrunk.lines, "\n\t"))
 			}
 			t.Logf("seed %d: %d rounds in %s", seed, round, budget)
-			r.tester.InitServer(plain, "caddyfile")
+			reload(t, plain)
 			r.tester.Client.CloseIdleConnections()
 			var leftover int
 			var stacks string
