@@ -95,6 +95,7 @@ type ixZone struct {
 	ban        time.Duration
 	slots      int // concurrency
 	tiers      map[string]int64
+	failures   bool // count_response { status 401 }: only failed requests count
 }
 
 const ixWindow = time.Hour
@@ -109,9 +110,10 @@ var ixZones = []ixZone{
 	{name: "ix_ban", algo: "token_bucket", paths: []string{"/ban"}, events: 2, window: ixWindow, ban: 10 * time.Minute},
 	{name: "ix_tier", algo: "token_bucket", paths: []string{"/tier"}, events: 2, window: ixWindow, tiers: map[string]int64{"gold": 6}},
 	{name: "ix_conc", paths: []string{"/hold"}, slots: 2},
+	{name: "ix_login", algo: "token_bucket", paths: []string{"/login"}, events: 3, window: ixWindow, failures: true},
 }
 
-var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi"}
+var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login"}
 
 // ixSettings is what a reload changes.
 type ixSettings struct {
@@ -143,6 +145,9 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 			if z.slots > 0 {
 				fmt.Fprintf(&zones, "\t\t\t\tconcurrency %d\n", z.slots)
 			}
+			if z.failures {
+				zones.WriteString("\t\t\t\tcount_response {\n\t\t\t\t\tstatus 401\n\t\t\t\t}\n")
+			}
 			if z.tiers != nil {
 				zones.WriteString("\t\t\t\ttier {http.request.header.X-Plan} {\n")
 				for v, n := range z.tiers {
@@ -168,6 +173,8 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 				header_up X-Instance %d
 			}
 		}
+		@fail header X-Fail 1
+		respond @fail 401
 		respond "ok"
 	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i)
 	}
@@ -428,6 +435,9 @@ func (r *ixRun) send(s ixStep, step int) {
 	key := r.key(s.key)
 	req.Header.Set("X-Client", key)
 	req.Header.Set("X-Cost", strconv.Itoa(s.cost))
+	if s.cost == 2 && s.path == "/login" {
+		req.Header.Set("X-Fail", "1") // a failed login
+	}
 	if s.plan != "" {
 		req.Header.Set("X-Plan", s.plan)
 	}
@@ -445,11 +455,15 @@ func (r *ixRun) send(s ixStep, step int) {
 func (r *ixRun) record(s ixStep, step int, code int) {
 	key := r.key(s.key)
 	switch code {
-	case 200:
+	case 200, 401:
+		if code == 401 && s.path != "/login" {
+			r.failf("step %d: %s: status 401", step, s)
+			return
+		}
 		at := r.now()
 		for _, z := range ixZones {
-			if !contains(z.paths, s.path) || z.slots > 0 {
-				continue
+			if !contains(z.paths, s.path) || z.slots > 0 || z.failures && code != 401 {
+				continue // a zone that did not apply, or counts only failures
 			}
 			if r.outage && z.onError == "allow" {
 				continue // fails open: not counted
@@ -714,6 +728,9 @@ func (r *ixRun) burst(s ixStep, step int) {
 			req, _ := http.NewRequest(http.MethodGet, r.url(s.instance, s.path), nil)
 			req.Header.Set("X-Client", r.key(s.key))
 			req.Header.Set("X-Cost", strconv.Itoa(s.cost))
+			if s.cost == 2 && s.path == "/login" {
+				req.Header.Set("X-Fail", "1") // a failed login
+			}
 			if s.plan != "" {
 				req.Header.Set("X-Plan", s.plan)
 			}
