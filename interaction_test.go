@@ -578,7 +578,8 @@ func (r *ixRun) end(n int, leave bool) {
 
 func (r *ixRun) admin(method, path string) int {
 	req, _ := http.NewRequest(method, adminBase+path, nil)
-	resp, err := http.DefaultClient.Do(req)
+	// A reload restarts the admin server, closing an idle connection to it.
+	resp, err := sendUnread(r.t, http.DefaultClient, req)
 	if err != nil {
 		r.failf("%s %s: %v", method, path, err)
 		return 0
