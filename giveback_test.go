@@ -22,30 +22,7 @@ func TestGiveBackAfterTheWindowRolled(t *testing.T) {
 	for name, storage := range multiZoneStores(t) {
 		t.Run(name, func(t *testing.T) {
 			tester := caddytest.NewTester(t)
-			tester.InitServer(globalOptions+`
-	localhost:9080 {
-		rate_limit {
-			zone shape {
-				match {
-					path /slow
-				}
-				key {http.request.header.X-Client}
-				algorithm leaky_bucket
-				events 1
-				window 10s
-				burst 1
-				max_delay 30s
-			}
-			zone fw {
-				key {http.request.header.X-Client}
-				algorithm fixed_window
-				events 3
-				window 2s
-			}
-			`+storage(t)+`
-		}
-		respond "ok"
-	}`, "caddyfile")
+			tester.InitServer(shapedBesideFixed(3, "2s", storage(t)), "caddyfile")
 			// The memory store runs on the tests' fake clock, Redis on its
 			// own: step the one, wait for the other.
 			startOfWindow := func() {
@@ -121,30 +98,7 @@ func TestGiveBackAfterAReset(t *testing.T) {
 	for name, storage := range multiZoneStores(t) {
 		t.Run(name, func(t *testing.T) {
 			tester := caddytest.NewTester(t)
-			tester.InitServer(globalOptions+`
-	localhost:9080 {
-		rate_limit {
-			zone shape {
-				match {
-					path /slow
-				}
-				key {http.request.header.X-Client}
-				algorithm leaky_bucket
-				events 1
-				window 10s
-				burst 1
-				max_delay 30s
-			}
-			zone fw {
-				key {http.request.header.X-Client}
-				algorithm fixed_window
-				events 2
-				window 1h
-			}
-			`+storage(t)+`
-		}
-		respond "ok"
-	}`, "caddyfile")
+			tester.InitServer(shapedBesideFixed(2, "1h", storage(t)), "caddyfile")
 			// One window throughout: the memory store runs on the tests'
 			// fake clock, set at a window's start; Redis on its own, which
 			// must not be about to turn to the next hour.
@@ -178,4 +132,34 @@ func TestGiveBackAfterAReset(t *testing.T) {
 			}
 		})
 	}
+}
+
+// shapedBesideFixed is a site whose /slow requests a shaping zone delays
+// (one a 10s, queued up to 30s), beside a fixed_window zone fw of events
+// per window on every request, both keyed by X-Client, on storage.
+func shapedBesideFixed(events int, window, storage string) string {
+	return globalOptions + fmt.Sprintf(`
+	localhost:9080 {
+		rate_limit {
+			zone shape {
+				match {
+					path /slow
+				}
+				key {http.request.header.X-Client}
+				algorithm leaky_bucket
+				events 1
+				window 10s
+				burst 1
+				max_delay 30s
+			}
+			zone fw {
+				key {http.request.header.X-Client}
+				algorithm fixed_window
+				events %d
+				window %s
+			}
+			%s
+		}
+		respond "ok"
+	}`, events, window, storage)
 }
