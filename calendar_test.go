@@ -246,3 +246,54 @@ func TestGrantThroughAdmin(t *testing.T) {
 		})
 	}
 }
+
+// TestGrantSlidingWindowThroughAdmin: a sliding_window zone takes grants
+// through the admin API and the CLI, on memory and Redis: the window
+// admits the rate and the grant. On memory, the fake clock then moves to
+// the middle of the next window, which weighs only what the window
+// admitted beyond its grant.
+func TestGrantSlidingWindowThroughAdmin(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			setClock(t, time.Date(2026, 7, 1, 18, 0, 0, 0, time.UTC))
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone hourly {
+				key {http.request.header.X-API-Key}
+				algorithm sliding_window
+				rate 2/h
+			}
+			`+storage(t)+`
+		}
+		respond "ok"
+	}`, "caddyfile")
+			key := "X-API-Key: slide-" + name
+			expect := func(want ...int) {
+				t.Helper()
+				for i, w := range want {
+					resp, _ := get(t, tester, "/", key)
+					if resp.StatusCode != w {
+						t.Fatalf("request %d: status %d, want %d", i+1, resp.StatusCode, w)
+					}
+				}
+			}
+			expect(200, 200, 429)
+			if out, err := runCLI(t, "--address", testAdmin, "grant", "hourly", "slide-"+name, "3"); err != nil || !strings.Contains(out, `3 more events for its current window: 3 remaining`) {
+				t.Fatalf("caddy rate-limit grant: %v, %s", err, out)
+			}
+			var st keyState
+			if code := adminDo(t, "GET", "/rate_limit/zones/hourly/keys/slide-"+name, &st); code != 200 || st.Remaining != 3 {
+				t.Fatalf("show after a grant of 3: %d %+v", code, st)
+			}
+			expect(200, 200, 200, 429)
+			if name == "memory" {
+				// The next window weighs 5 - 3 = 2 admitted: at its
+				// middle, 1; without the grant's end it would weigh 3.
+				advance(90 * time.Minute)
+				expect(200, 429)
+			}
+		})
+	}
+}

@@ -258,12 +258,97 @@ func TestGrant(t *testing.T) {
 			}
 		})
 	}
-	for _, kind := range []Kind{TokenBucket, SlidingWindow, SlidingLog} {
+	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket, SlidingLog} {
 		l := mustLimit(t, kind, 10, time.Hour, 0, 0)
 		var s State
 		if _, err := l.Grant(&s, t0, Milli); !errors.Is(err, ErrNoGrant) {
 			t.Fatalf("%v grant: %v, want ErrNoGrant", kind, err)
 		}
+	}
+}
+
+// TestGrantSlidingWindow: a sliding_window's grant raises its window's
+// limit by the amount, ends with the window, and what it admitted does
+// not weigh on the next window: only the window's count beyond the grant
+// does.
+func TestGrantSlidingWindow(t *testing.T) {
+	l := mustLimit(t, SlidingWindow, 10, time.Hour, 0, 0)
+	w := l.Window
+	start := micros(time.Date(2026, 2, 10, 5, 0, 0, 0, time.UTC))
+	start -= start % w
+	var s State
+	take := func(at int64, n int) int {
+		k := 0
+		for k < n && l.Take(&s, at, Milli).Allowed {
+			k++
+		}
+		return k
+	}
+	if n := take(start+1, 100); n != 10 {
+		t.Fatalf("before a grant: %d admitted, want 10", n)
+	}
+	d, err := l.Grant(&s, start+2, 5*Milli)
+	if err != nil || !d.Allowed || d.Remaining != 5 || d.Reset != w-2+w {
+		t.Fatalf("grant 5 after 10 taken: %+v, %v; want 5 remaining, reset when the count beyond the grant has slid out", d, err)
+	}
+	if n := take(start+3, 100); n != 5 {
+		t.Fatalf("after a grant of 5: %d more admitted, want 5", n)
+	}
+	// The next window weighs 15 - 5 = 10: at its middle, 5.
+	if n := take(start+w+w/2, 100); n != 5 {
+		t.Fatalf("middle of the next window: %d admitted, want 5 (the grant's 5 do not weigh)", n)
+	}
+
+	// A grant barely used: 6 taken of 10 + 5; the next window weighs 1.
+	s = State{}
+	start += 10 * w
+	take(start+1, 3)
+	if _, err := l.Grant(&s, start+2, 5*Milli); err != nil {
+		t.Fatal(err)
+	}
+	take(start+3, 3)
+	if d := l.Peek(&s, start+w-1, Milli); !d.Allowed || d.Remaining != 9 || d.Reset != 1+w {
+		t.Fatalf("last µs of the granted window, 6 taken of 15: %+v, want 9 remaining and fresh when the 1 beyond the grant has slid out", d)
+	}
+	if n := take(start+w+w/2, 100); n != 9 {
+		t.Fatalf("middle of the next window: %d admitted, want 9 (weighs ceil(1/2))", n)
+	}
+	// A grant after a window without one: the previous window's weight
+	// still counts against the granted window.
+	if _, err := l.Grant(&s, start+w+w/2, 2*Milli); err != nil {
+		t.Fatal(err)
+	}
+	if n := take(start+w+w/2, 100); n != 2 {
+		t.Fatalf("grant of 2 in a full window: %d admitted, want 2", n)
+	}
+	// Grants add up, to MaxGrant.
+	if _, err := l.Grant(&s, start+w+w/2, MaxGrant); err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Peek(&s, start+w+w/2, Milli); d.Remaining != (MaxGrant-2*Milli)/Milli {
+		t.Fatalf("grants past MaxGrant: %+v", d)
+	}
+}
+
+// TestGrantUndoKeepsIt: a give-back to the previous window does not
+// touch the current window's grant, and one to the granted window gives
+// the cost back within it.
+func TestGrantUndoKeepsIt(t *testing.T) {
+	l := mustLimit(t, SlidingWindow, 4, time.Minute, 0, 0)
+	w := l.Window
+	var s State
+	old := l.Take(&s, 10*w+1, Milli)
+	if _, err := l.Grant(&s, 11*w+1, 3*Milli); err != nil {
+		t.Fatal(err)
+	}
+	l.Undo(&s, 11*w+2, Milli, old)
+	if d := l.Peek(&s, 11*w+2, Milli); d.Remaining != 7 {
+		t.Fatalf("after a give-back to the previous window: %+v, want 4 + 3 remaining", d)
+	}
+	now := l.Take(&s, 11*w+3, 2*Milli)
+	l.Undo(&s, 11*w+4, 2*Milli, now)
+	if d := l.Peek(&s, 11*w+4, Milli); d.Remaining != 7 {
+		t.Fatalf("after a give-back to the granted window: %+v, want 7 remaining", d)
 	}
 }
 
@@ -299,6 +384,73 @@ func TestGrantNeverPasses(t *testing.T) {
 		for w, a := range admitted {
 			if a > l.Events*Milli+granted[w] {
 				t.Fatalf("%s window %d admitted %d milli, granted %d", fmt.Sprint(l.Calendar), w, a, granted[w])
+			}
+		}
+	}
+}
+
+// TestGrantSlidingNeverPasses: random takes, give-backs and grants on a
+// sliding_window; every admission keeps the definition with grants: the
+// previous window's count beyond its grant, weighted by the overlap, plus
+// this window's count, is at most the limit plus this window's grants so
+// far (the weight compared exactly, as carried*(W-e) against room*W).
+func TestGrantSlidingNeverPasses(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, l := range []Limit{
+		mustLimit(t, SlidingWindow, 5, time.Hour, 0, 0),
+		mustLimit(t, SlidingWindow, 40, 7*time.Second, 0, 0),
+	} {
+		var s State
+		w := l.Window
+		type win struct{ admitted, granted int64 }
+		wins := map[int64]*win{}
+		at := func(start int64) *win {
+			if wins[start] == nil {
+				wins[start] = &win{}
+			}
+			return wins[start]
+		}
+		var taken []Decision
+		var costs []int64
+		now := int64(1_800_000_000_000_000)
+		for i := 0; i < 50000; i++ {
+			now += r.Int64N(w / 8)
+			start := now - now%w
+			switch k := r.IntN(40); {
+			case k == 0:
+				g := r.Int64N(4 * Milli)
+				if _, err := l.Grant(&s, now, g); err != nil {
+					t.Fatal(err)
+				}
+				at(start).granted += g
+				continue
+			case k < 4 && len(taken) > 0:
+				j := r.IntN(len(taken))
+				d, c := taken[j], costs[j]
+				taken, costs = append(taken[:j], taken[j+1:]...), append(costs[:j], costs[j+1:]...)
+				l.Undo(&s, now, c, d)
+				if ds := d.At - d.At%w; ds >= start-w { // still counted: given back
+					at(ds).admitted -= c
+				}
+				continue
+			}
+			cost := r.Int64N(2 * Milli)
+			d := l.Take(&s, now, cost)
+			if !d.Allowed {
+				continue
+			}
+			cur := at(start)
+			cur.admitted += cost
+			taken, costs = append(taken, d), append(costs, cost)
+			var carried int64
+			if p := wins[start-w]; p != nil {
+				carried = max(0, p.admitted-p.granted)
+			}
+			room := l.Events*Milli + cur.granted - cur.admitted
+			// carried * (W - e) / W <= room, with the weight rounded up.
+			if room < 0 || mulCmp(carried, w-(now-start), room, w) > 0 {
+				t.Fatalf("%v: step %d at +%d µs in its window: admitted %d milli with %d granted, the previous window's %d beyond its grant weighing %d/%d: past the limit %d",
+					l.Window, i, now-start, cur.admitted, cur.granted, carried, w-(now-start), w, l.Events*Milli)
 			}
 		}
 	}

@@ -244,7 +244,7 @@ func CostMilli(cost float64) (int64, bool) {
 //	gcra:                       the theoretical arrival time: At µs + Level ticks (0 <= Level < Scale)
 //	fixed_window:               At = window start, Level = count (milli), Head = grant (milli)
 //	  with a calendar:          the same, and Prev = window end (µs)
-//	sliding_window:             At = window start, Level = count, Prev = previous window's count, Head = see below
+//	sliding_window:             At = window start, Level = count, Prev = previous window's count, Head = see below (a grant when negative)
 //	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many
 //
 // A sliding_window also keeps in Head what was charged in the previous
@@ -252,9 +252,11 @@ func CostMilli(cost float64) (int64, bool) {
 // store's decisions (see Seed), whose Prev may be a bound those decisions
 // tell, more than the copy saw charged. A fixed_window's Head is its
 // grant: extra quota given to the key for its current window (see
-// Limit.Grant), in milli-units, which ends with the window. Head is not a
-// field of its own so that a memory store's entry keeps to two cache
-// lines.
+// Limit.Grant), in milli-units, which ends with the window. A
+// sliding_window keeps its grant as a negative Head: a grant is given by
+// an authoritative store, never to a local copy, and a copy's Head is
+// never negative, so the two never meet. The grant is not a field of
+// its own so that a memory store's entry keeps to two cache lines.
 //
 // A sliding_log's ring grows with its entries, from none.
 type State struct {

@@ -6,7 +6,8 @@ import (
 )
 
 // The window family counts cost in milli-units against Events * Milli,
-// and a fixed_window against a grant (State.Head) on top. Windows are aligned to multiples of W
+// and a fixed_window or sliding_window against a grant on top (see
+// Limit.Grant). Windows are aligned to multiples of W
 // since the Unix epoch, or for a calendar window to the periods of its
 // Calendar, so every instance and store agrees on where a window starts.
 
@@ -20,21 +21,35 @@ func (l *Limit) roll(s *State, now int64) int64 {
 	start := now - now%l.Window
 	if start > s.At {
 		if start-s.At == l.Window {
-			s.Prev = s.Level
+			// What a grant admitted ends with its window: the next one
+			// weighs only the rest.
+			s.Prev = max(0, s.Level-l.granted(s))
 		} else {
 			s.Prev = 0
 		}
 		s.Level = 0
 		s.At = start
 		// A sliding_window keeps in Head what was charged in the previous
-		// window (see State); a fixed_window's Head is its grant, which
-		// ends with its window.
+		// window (see State); a grant ends with its window.
 		s.Head = 0
 		if l.Kind == SlidingWindow {
 			s.Head = s.Prev
 		}
 	}
 	return now
+}
+
+// granted is the quota, in milli-units, granted to s's current window
+// (see Limit.Grant): a fixed_window keeps it in Head, a sliding_window as
+// a negative Head (see State).
+func (l *Limit) granted(s *State) int64 {
+	switch l.Kind {
+	case FixedWindow:
+		return s.Head
+	case SlidingWindow:
+		return max(0, -s.Head)
+	}
+	return 0
 }
 
 // fixedWindow: At = window start, Level = count in the window.
@@ -101,7 +116,7 @@ func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64) Deci
 // twin compares them in 26-bit limbs), so that no rounding admits more.
 func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 	now = l.roll(s, now)
-	limit := l.Events * Milli
+	limit := l.Events*Milli + l.granted(s)
 	e := now - s.At
 	toNext := l.Window - e
 	weighted := l.weight(s.Prev, toNext)
@@ -125,10 +140,11 @@ func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 }
 
 func (l *Limit) slidingReset(s *State, toNext int64) int64 {
+	g := l.granted(s)
 	switch {
-	case s.Level > 0:
+	case s.Level > g:
 		return toNext + l.Window
-	case s.Prev > 0:
+	case s.Prev > 0 || s.Level > 0 || g > 0:
 		return toNext
 	}
 	return 0
@@ -178,14 +194,15 @@ func mulCmp(a, b, c, d int64) int {
 // is too full, into the next window until this window's weight has.
 func (l *Limit) slidingWait(s *State, e, cost int64) int64 {
 	limit := l.Events * Milli
-	if room := limit - s.Level - cost; room >= 0 {
+	g := l.granted(s)
+	if room := limit + g - s.Level - cost; room >= 0 {
 		// It fits at the latest at the next window start (the weight is 0
 		// at e' = W) and not now, at e.
 		return l.decayed(s.Prev, room, e+1) - e
 	}
-	// Next window: this window's count is the previous one, the current
-	// one is empty.
-	return l.Window - e + l.decayed(s.Level, limit-cost, 0)
+	// Next window: this window's count, less what its grant admitted, is
+	// the previous one, and the current one is empty.
+	return l.Window - e + l.decayed(max(0, s.Level-g), limit-cost, 0)
 }
 
 // decayed returns the least elapsed time e' in [lo, W] at which
@@ -226,7 +243,9 @@ func (l *Limit) windowUndo(s *State, now, cost int64, taken Decision) {
 		s.Level = max(0, s.Level-cost)
 	case charged == s.At-l.Window && l.Kind == SlidingWindow:
 		s.Prev = max(0, s.Prev-cost)
-		s.Head = max(0, s.Head-cost)
+		if s.Head > 0 { // not a grant (see State)
+			s.Head = max(0, s.Head-cost)
+		}
 	}
 }
 

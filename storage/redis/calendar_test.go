@@ -133,7 +133,8 @@ func runCalendarParity(t *testing.T, zl storage.Limiter, l algorithms.Limit, ste
 // five time zones (two DST changes a year, a half-hour offset, a half-hour
 // DST change) over a year and more (a 29th of February) through the Go
 // algorithm and its Lua twin, with grants, and the window algorithms'
-// grants on epoch windows too; through EVALSHA and FCALL.
+// grants on epoch windows too (fixed_window and sliding_window); through
+// EVALSHA and FCALL.
 func TestCalendarParity(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, mode := range []string{"evalsha", "fcall"} {
@@ -161,6 +162,8 @@ func TestCalendarParity(t *testing.T) {
 			for _, l := range []algorithms.Limit{
 				mustLimit(t, algorithms.FixedWindow, 4, time.Second, 0, 0),
 				mustLimit(t, algorithms.FixedWindow, 7, 13*time.Second, 0, 0),
+				mustLimit(t, algorithms.SlidingWindow, 4, time.Second, 0, 0),
+				mustLimit(t, algorithms.SlidingWindow, 7, 13*time.Second, 0, 0),
 			} {
 				rng := rand.New(rand.NewPCG(7, uint64(l.Window)))
 				zname := fmt.Sprintf("%s-grant-%s-%d", mode, l.Kind, l.Window)

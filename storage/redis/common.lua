@@ -15,7 +15,7 @@
 --      key that does not exist); 'c' check (read only, as a take would
 --      decide; a key that does not exist is fresh); 'n' check a cost
 --      above capacity (as 'r', read only); 'u' undo (returns nil); 'g'
---      grant x more for the window (fixed_window only; writes,
+--      grant x more for the window (fixed_window, sliding_window; writes,
 --      and answers as a peek for one event); 'o' owe x whatever the
 --      capacity (Limit.Owe, settle.lua; returns nil)
 -- now: µs since the Unix epoch, as the script read it

@@ -1,7 +1,9 @@
 -- sliding_window.lua: the twin of Limit.slidingWindow. The state is a hash
 -- {at = window start, level = this window's count, prev = the previous
--- window's count}, counts in milli-units.
--- x = cost in milli-units; c1 window w in µs, c2 limit (events * 1000).
+-- window's count, grant = quota granted for this window (absent when
+-- none)}, counts in milli-units.
+-- x = cost in milli-units, or for op 'g' (grant) the amount granted;
+-- c1 window w in µs, c2 limit (events * 1000).
 
 -- mulcmp is mulCmp: it compares a*b with c*d exactly, for integers in
 -- [0, 2^52), by splitting each factor into 26-bit limbs (each partial
@@ -33,28 +35,44 @@ end
 local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	local commit, write, never = mode(op)
 	local raw = now
-	local s = redis.call('HMGET', key, 'at', 'level', 'prev')
+	local s = redis.call('HMGET', key, 'at', 'level', 'prev', 'grant')
 	if op == 'p' and not s[1] then
 		return nil
 	end
 	local before = tonumber(s[1]) or 0
+	local grant = tonumber(s[4]) or 0
+	local g0 = grant
 	local at, level, prev
 	now, at, level, prev = roll(now, before, tonumber(s[2]) or 0, tonumber(s[3]) or 0, w)
+	if at ~= before then
+		-- A grant ends with its window, and so does what it admitted: the
+		-- next window weighs only the rest.
+		prev = math.max(0, prev - grant)
+		grant = 0
+	end
+	if op == 'g' then
+		grant = math.min(grant + x, maxgrant)
+		x = 1000
+	end
 	local e = now - at
 	local tonext = w - e
 
 	-- fresh is slidingReset: µs until both windows' counts have slid out.
 	local function fresh()
-		if level > 0 then
+		if level > grant then
 			return tonext + w
-		elseif prev > 0 then
+		elseif prev > 0 or level > 0 or grant > 0 then
 			return tonext
 		end
 		return 0
 	end
 
 	local function persist()
-		save(key, fresh(), now - raw, 'at', at, 'level', level, 'prev', prev)
+		if grant ~= g0 then
+			save(key, fresh(), now - raw, 'at', at, 'level', level, 'prev', prev, 'grant', grant)
+		else
+			save(key, fresh(), now - raw, 'at', at, 'level', level, 'prev', prev)
+		end
 	end
 
 	if op == 'o' then
@@ -112,26 +130,27 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	-- this window as the previous one's weight decays, or in the next one
 	-- as this one's does.
 	local function waitfor()
-		local room = limit - level - x
+		local room = limit + grant - level - x
 		if room >= 0 then
 			return decayed(prev, room, e + 1) - e
 		end
-		return w - e + decayed(level, limit - x, 0)
+		return w - e + decayed(math.max(0, level - grant), limit - x, 0)
 	end
 
 	local d
-	if weighted + level + x > limit then
-		d = {0, quo(math.max(0, limit - weighted - level), 1000), fresh(), waitfor(), 0, now}
+	local cap = limit + grant
+	if weighted + level + x > cap then
+		d = {0, quo(math.max(0, cap - weighted - level), 1000), fresh(), waitfor(), 0, now}
 	else
 		if commit then
 			level = level + x
 		end
-		d = {1, quo(limit - weighted - level, 1000), fresh(), 0, 0, now}
+		d = {1, quo(cap - weighted - level, 1000), fresh(), 0, 0, now}
 	end
 	if never then
 		d[1], d[4] = 0, -1
 	end
-	if write then
+	if write or op == 'g' then
 		persist()
 	end
 	return d
