@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -188,6 +190,7 @@ type ixUpstream struct {
 	slots int
 	mu    sync.Mutex
 	held  map[string]*ixHeld // by X-Hold id
+	seen  map[string]bool    // every X-Hold id that arrived
 	fault string             // the first violation seen
 }
 
@@ -198,13 +201,14 @@ type ixHeld struct {
 }
 
 func newIxUpstream(t *testing.T, slots int) *ixUpstream {
-	u := &ixUpstream{slots: slots, held: map[string]*ixHeld{}}
+	u := &ixUpstream{slots: slots, held: map[string]*ixHeld{}, seen: map[string]bool{}}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := &ixHeld{key: r.Header.Get("X-Client"), instance: r.Header.Get("X-Instance"),
 			excused: r.Header.Get("X-Outage") != "", release: make(chan struct{})}
 		id := r.Header.Get("X-Hold")
 		u.mu.Lock()
 		u.held[id] = h
+		u.seen[id] = true
 		var here, all, excused int
 		for _, o := range u.held {
 			if o.key == h.key {
@@ -262,6 +266,13 @@ func (u *ixUpstream) releaseHold(id string) bool {
 		return true
 	}
 	return false
+}
+
+// saw reports whether request id ever reached the upstream.
+func (u *ixUpstream) saw(id string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.seen[id]
 }
 
 // holds reports whether the upstream still runs request id.
@@ -519,6 +530,14 @@ func (r *ixRun) hold(s ixStep, step int) {
 		req.Header.Set("X-Outage", "1")
 	}
 	resp, err := r.tester.Client.Do(req)
+	// A reload closes idle connections: one the client picked just then
+	// is reset before the request was read. Sent again if the upstream
+	// never saw it (one it saw was admitted: the reset is a fault).
+	for try := 0; try < 3 && err != nil && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)) && !r.up.saw(id); try++ {
+		r.t.Logf("%s %s: %v; sending it again", req.Method, req.URL, err)
+		time.Sleep(50 * time.Millisecond)
+		resp, err = r.tester.Client.Do(req)
+	}
 	if err != nil {
 		cancel()
 		r.failf("step %d: %s: %v", step, s, err)
