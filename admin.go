@@ -461,6 +461,9 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 		if !rate.spec.Limit.Grantable() {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q is %s: %w", lz.z.name, rate.spec.Limit.Kind, algorithms.ErrNoGrant)}
 		}
+		if c := rate.spec.Limit.GrantCap(); amount > c {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("grant: zone %q is %s: a key's grants add up to at most %d events, got %v", lz.z.name, rate.spec.Limit.Kind, c/algorithms.Milli, req.Amount)}
+		}
 		g, ok := rate.limiter.(storage.Granter)
 		if !ok {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q: its store keeps no grants", lz.z.name)}

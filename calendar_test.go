@@ -247,12 +247,15 @@ func TestGrantThroughAdmin(t *testing.T) {
 	}
 }
 
-// TestGrantSlidingWindowThroughAdmin: a sliding_window zone takes grants
-// through the admin API and the CLI, on memory and Redis: the window
-// admits the rate and the grant. On memory, the fake clock then moves to
-// the middle of the next window, which weighs only what the window
-// admitted beyond its grant.
-func TestGrantSlidingWindowThroughAdmin(t *testing.T) {
+// TestGrantSlidingThroughAdmin: sliding_window and sliding_log zones take
+// grants through the admin API and the CLI, on memory and Redis: the
+// window admits the rate and the grant. On memory, the fake clock then
+// moves to the middle of the sliding window's next window, which weighs
+// only what the window admitted beyond its grant, and walks the
+// sliding_log's grant to its end, a window after it was given, when the
+// log counts its entries against the rate alone. A sliding_log grant
+// past its cap is refused.
+func TestGrantSlidingThroughAdmin(t *testing.T) {
 	for name, storage := range multiZoneStores(t) {
 		t.Run(name, func(t *testing.T) {
 			setClock(t, time.Date(2026, 7, 1, 18, 0, 0, 0, time.UTC))
@@ -261,8 +264,19 @@ func TestGrantSlidingWindowThroughAdmin(t *testing.T) {
 	localhost:9080 {
 		rate_limit {
 			zone hourly {
+				match {
+					not path /log
+				}
 				key {http.request.header.X-API-Key}
 				algorithm sliding_window
+				rate 2/h
+			}
+			zone log {
+				match {
+					path /log
+				}
+				key {http.request.header.X-API-Key}
+				algorithm sliding_log
 				rate 2/h
 			}
 			`+storage(t)+`
@@ -270,10 +284,11 @@ func TestGrantSlidingWindowThroughAdmin(t *testing.T) {
 		respond "ok"
 	}`, "caddyfile")
 			key := "X-API-Key: slide-" + name
+			path := "/"
 			expect := func(want ...int) {
 				t.Helper()
 				for i, w := range want {
-					resp, _ := get(t, tester, "/", key)
+					resp, _ := get(t, tester, path, key)
 					if resp.StatusCode != w {
 						t.Fatalf("request %d: status %d, want %d", i+1, resp.StatusCode, w)
 					}
@@ -293,6 +308,31 @@ func TestGrantSlidingWindowThroughAdmin(t *testing.T) {
 				// middle, 1; without the grant's end it would weigh 3.
 				advance(90 * time.Minute)
 				expect(200, 429)
+			}
+
+			// A sliding_log: the grant lasts an hour from when it is
+			// given; its entries count for an hour from when they were
+			// admitted.
+			path = "/log"
+			expect(200, 200, 429) // at T
+			if name == "memory" {
+				advance(10 * time.Minute)
+			}
+			if code := adminPost(t, "/rate_limit/zones/log/keys/slide-"+name+"/grant", `{"amount": 2}`, nil); code != 200 {
+				t.Fatalf("grant 2 to a sliding_log: %d", code)
+			}
+			expect(200, 200, 429) // at T+10m, the grant's
+			var e map[string]any
+			if code := adminPost(t, "/rate_limit/zones/log/keys/slide-"+name+"/grant", `{"amount": 100001}`, &e); code != 400 || !strings.Contains(fmt.Sprint(e["error"]), "at most 100000 events, got 100001") {
+				t.Fatalf("a sliding_log grant past its cap: %d %v", code, e)
+			}
+			if name == "memory" {
+				advance(55 * time.Minute) // T+65m: T's left, the grant lasts
+				expect(200, 200, 429)
+				advance(6 * time.Minute) // T+71m: the grant and T+10m's have ended
+				expect(429)
+				advance(55 * time.Minute) // T+126m: T+65m's have left
+				expect(200, 200, 429)
 			}
 		})
 	}

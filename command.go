@@ -42,7 +42,7 @@ var cliSubcommands = []cliSubcommand{
 		"caddy rate-limit reset api customer-42", (*cliRun).reset},
 	{"unban", []string{"<zone>", "<key>"}, "lift a key's ban and forget its strikes, leaving its rate",
 		"caddy rate-limit unban login 203.0.113.9", (*cliRun).unban},
-	{"grant", []string{"<zone>", "<key>", "<amount>"}, "give a key <amount> events more for its current window (fixed_window, sliding_window; --tier: in that tier)",
+	{"grant", []string{"<zone>", "<key>", "<amount>"}, "give a key <amount> events more for its current window (the window algorithms; --tier: in that tier)",
 		"caddy rate-limit grant monthly key-acme-7f3a 5000", (*cliRun).grant},
 	{"help", nil, "list these subcommands",
 		"caddy rate-limit help", nil}, // run: help (which lists this table)

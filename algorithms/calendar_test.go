@@ -258,7 +258,7 @@ func TestGrant(t *testing.T) {
 			}
 		})
 	}
-	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket, SlidingLog} {
+	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket} {
 		l := mustLimit(t, kind, 10, time.Hour, 0, 0)
 		var s State
 		if _, err := l.Grant(&s, t0, Milli); !errors.Is(err, ErrNoGrant) {
@@ -327,6 +327,145 @@ func TestGrantSlidingWindow(t *testing.T) {
 	}
 	if d := l.Peek(&s, start+w+w/2, Milli); d.Remaining != (MaxGrant-2*Milli)/Milli {
 		t.Fatalf("grants past MaxGrant: %+v", d)
+	}
+}
+
+// TestGrantSlidingLog: a sliding_log's grant lets its log hold the grant's
+// whole events more for a window from the grant on; a later grant adds
+// and starts that window anew; when it ends the log counts N again, its
+// entries still in the window included, and a rejection's wait accounts
+// for the grant's end.
+func TestGrantSlidingLog(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 3, time.Minute, 0, 0)
+	w := l.Window
+	now := int64(1_800_000_000_000_000)
+	var s State
+	take := func(at int64, n int) int {
+		k := 0
+		for k < n && l.Take(&s, at, Milli).Allowed {
+			k++
+		}
+		return k
+	}
+	if n := take(now, 10); n != 3 {
+		t.Fatalf("before a grant: %d admitted, want 3", n)
+	}
+	d, err := l.Grant(&s, now+w/2, 2500) // 2.5: two whole events
+	if err != nil || d.Remaining != 2 || d.Reset != w {
+		t.Fatalf("grant 2.5: %+v, %v; want 2 remaining, fresh when the grant ends", d, err)
+	}
+	if n := take(now+w/2, 10); n != 2 {
+		t.Fatalf("after a grant of 2.5: %d admitted, want 2", n)
+	}
+	if _, err := l.Grant(&s, now+w/2+1, 500); err != nil { // 2.5 + 0.5: three
+		t.Fatal(err)
+	}
+	if n := take(now+w/2+1, 10); n != 1 {
+		t.Fatalf("after grants adding up to 3: %d more admitted, want 1", n)
+	}
+	// The first 3 leave the window at now+w; the grant lasts until
+	// now+w/2+1+w. With 3 taken at w/2 and the grant of 3: room for 3.
+	if n := take(now+w, 10); n != 3 {
+		t.Fatalf("when the first entries left: %d admitted, want 3", n)
+	}
+	// Full (6 in the log, 3 + 3); the grant ends at now+3w/2+1, when the
+	// log still holds the 3 taken at now+w: a request then waits for them.
+	d = l.Peek(&s, now+w+1, Milli)
+	if d.Allowed || d.Wait != w/2-1 {
+		t.Fatalf("full with the grant: %+v, want a wait until the entries of now+w/2 leave, within the grant", d)
+	}
+	// A grant that ends before the oldest entry leaves: a request waits
+	// until the log holds fewer than N.
+	s = State{}
+	if _, err := l.Grant(&s, now, 3*Milli); err != nil {
+		t.Fatal(err)
+	}
+	take(now+1, 3)
+	take(now+w/2, 3)
+	d = l.Peek(&s, now+w/2+1, Milli)
+	if d.Allowed || d.Wait != w-1 {
+		t.Fatalf("full, the grant ending first: %+v, want a wait until the entries of now+w/2 leave", d)
+	}
+	// After the grant: N again.
+	s = State{}
+	if _, err := l.Grant(&s, now, 3*Milli); err != nil {
+		t.Fatal(err)
+	}
+	if n := take(now+1, 10); n != 6 {
+		t.Fatalf("a fresh key with a grant of 3: %d admitted, want 6", n)
+	}
+	if n := take(now+w, 10); n != 0 {
+		t.Fatalf("the grant has ended, 6 entries in the window: %d admitted, want 0", n)
+	}
+	if d := l.Peek(&s, now+w, Milli); d.Remaining != 0 || d.Wait != 1 {
+		t.Fatalf("6 entries of a limit of 3: %+v, want 0 remaining (not -3) and a wait of 1 µs", d)
+	}
+	if n := take(now+w+1, 10); n != 3 {
+		t.Fatalf("the entries have left: %d admitted, want 3", n)
+	}
+	if _, err := l.Grant(&s, now, MaxGrant); err != nil {
+		t.Fatal(err)
+	}
+	if l.granted(&s) != MaxLogGrant {
+		t.Fatalf("a sliding_log grant past MaxLogGrant: %d", l.granted(&s))
+	}
+}
+
+// TestGrantLogNeverPasses: random takes, give-backs and grants on a
+// sliding_log; at every admission the log's events in the window are at
+// most N and the whole events of the grant then lasting, and a
+// rejection's wait is exact: a peek then fits, one µs earlier does not.
+func TestGrantLogNeverPasses(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	l := mustLimit(t, SlidingLog, 6, 10*time.Second, 0, 0)
+	w := l.Window
+	var s State
+	var times []int64 // admitted events, one time each
+	var grant, until int64
+	now := int64(1_800_000_000_000_000)
+	for i := 0; i < 30000; i++ {
+		now += r.Int64N(w / 6)
+		if now >= until {
+			grant = 0
+		}
+		if r.IntN(25) == 0 {
+			g := r.Int64N(4 * Milli)
+			if _, err := l.Grant(&s, now, g); err != nil {
+				t.Fatal(err)
+			}
+			grant, until = grant+g, now+w
+			continue
+		}
+		cost := r.Int64N(3 * Milli)
+		k := int(ceilDiv(cost, Milli))
+		d := l.Take(&s, now, cost)
+		if !d.Allowed {
+			c := s
+			c.Log = append([]int64(nil), s.Log...)
+			if p := l.Peek(&c, now+d.Wait, cost); !p.Allowed {
+				t.Fatalf("step %d: rejected with wait %d, then %+v", i, d.Wait, p)
+			}
+			c = s
+			c.Log = append([]int64(nil), s.Log...)
+			if d.Wait > 1 {
+				if p := l.Peek(&c, now+d.Wait-1, cost); p.Allowed {
+					t.Fatalf("step %d: cost %d rejected at %d with wait %d, allowed a µs earlier; grant %d until %d; state %+v", i, cost, now, d.Wait, grant, until, s)
+				}
+			}
+			continue
+		}
+		for j := 0; j < k; j++ {
+			times = append(times, now)
+		}
+		in := 0
+		for _, at := range times {
+			if at > now-w {
+				in++
+			}
+		}
+		if int64(in) > l.Events+grant/Milli {
+			t.Fatalf("step %d: %d events in the window, limit %d and a grant of %d milli", i, in, l.Events, grant)
+		}
 	}
 }
 

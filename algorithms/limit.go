@@ -245,7 +245,7 @@ func CostMilli(cost float64) (int64, bool) {
 //	fixed_window:               At = window start, Level = count (milli), Head = grant (milli)
 //	  with a calendar:          the same, and Prev = window end (µs)
 //	sliding_window:             At = window start, Level = count, Prev = previous window's count, Head = see below (a grant when negative)
-//	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many
+//	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many, Prev = grant (milli) until At
 //
 // A sliding_window also keeps in Head what was charged in the previous
 // window: the same as Prev, but in a local copy seeded from another

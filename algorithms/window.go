@@ -41,13 +41,15 @@ func (l *Limit) roll(s *State, now int64) int64 {
 
 // granted is the quota, in milli-units, granted to s's current window
 // (see Limit.Grant): a fixed_window keeps it in Head, a sliding_window as
-// a negative Head (see State).
+// a negative Head, a sliding_log in Prev (see State).
 func (l *Limit) granted(s *State) int64 {
 	switch l.Kind {
 	case FixedWindow:
 		return s.Head
 	case SlidingWindow:
 		return max(0, -s.Head)
+	case SlidingLog:
+		return s.Prev
 	}
 	return 0
 }
@@ -253,11 +255,48 @@ func (l *Limit) windowUndo(s *State, now, cost int64, taken Decision) {
 // ring, oldest first: Log[Head] is the oldest, Level how many there are. A
 // request of cost c counts ceil(c) events (the log holds whole events) and
 // is admitted when the events in (now - W, now] plus ceil(c) are at most
-// N. The ring grows with the entries, doubling up to N, and halves when
-// at most a quarter full, so that a key holds memory in proportion to
-// its events.
+// N, and the whole events of a grant while it lasts (Prev milli-units
+// until At, see Limit.Grant). The ring grows with the entries, doubling up
+// to N and the grant, and halves when at most a quarter full, so that a
+// key holds memory in proportion to its events.
 func (l *Limit) slidingLog(s *State, now, cost int64, commit bool) Decision {
 	n := l.Events
+	now = l.logNow(s, now)
+	g := s.Prev / Milli
+	k := ceilDiv(cost, Milli)
+	if s.Level+k > n+g {
+		need := s.Level + k - n - g
+		wait := s.entry(need-1) + l.Window - now
+		if g > 0 && now+wait >= s.At {
+			// The grant ends first: then the log must hold at most N.
+			wait = max(s.At, s.entry(s.Level+k-n-1)+l.Window) - now
+		}
+		return Decision{
+			Remaining: max(0, n+g-s.Level), // a log may hold more (see logNow)
+			Reset:     l.logReset(s, now),
+			Wait:      wait,
+			At:        now,
+		}
+	}
+	if commit && k > 0 {
+		s.resize(s.Level+k, n+g)
+		for i := int64(0); i < k; i++ {
+			s.Log[(s.Head+s.Level)%int64(len(s.Log))] = now
+			s.Level++
+		}
+	} else if commit {
+		s.resize(s.Level, n+g)
+	}
+	return Decision{Allowed: true, Remaining: n + g - s.Level, Reset: l.logReset(s, now), At: now}
+}
+
+// logNow brings a sliding_log up to date with now and returns the
+// (possibly held) now: a clock that ran backwards counts as no time
+// elapsed, entries that have left the window are dropped, and a grant
+// that has ended is forgotten. A log may hold more entries than its
+// limit (the limit was lowered, or a grant ended): each counts until it
+// leaves the window, so that a later grant admits only what it grants.
+func (l *Limit) logNow(s *State, now int64) int64 {
 	if s.Level > 0 {
 		if newest := s.entry(s.Level - 1); now < newest {
 			now = newest // the clock ran backwards: no time has elapsed
@@ -267,30 +306,23 @@ func (l *Limit) slidingLog(s *State, now, cost int64, commit bool) Decision {
 		s.Head = (s.Head + 1) % int64(len(s.Log))
 		s.Level--
 	}
-	k := ceilDiv(cost, Milli)
-	if s.Level+k > n {
-		need := s.Level + k - n
-		return Decision{
-			Remaining: n - s.Level,
-			Reset:     s.entry(s.Level-1) + l.Window - now,
-			Wait:      s.entry(need-1) + l.Window - now,
-			At:        now,
-		}
+	if s.Prev > 0 && now >= s.At {
+		s.At, s.Prev = 0, 0 // the grant has ended
 	}
-	if commit && k > 0 {
-		s.resize(s.Level+k, n)
-		for i := int64(0); i < k; i++ {
-			s.Log[(s.Head+s.Level)%int64(len(s.Log))] = now
-			s.Level++
-		}
-	} else if commit {
-		s.resize(s.Level, n)
-	}
-	d := Decision{Allowed: true, Remaining: n - s.Level, At: now}
+	return now
+}
+
+// logReset is the µs until a sliding_log's state is fresh: its newest
+// entry has left the window and its grant has ended.
+func (l *Limit) logReset(s *State, now int64) int64 {
+	var end int64
 	if s.Level > 0 {
-		d.Reset = s.entry(s.Level-1) + l.Window - now
+		end = s.entry(s.Level-1) + l.Window
 	}
-	return d
+	if s.Prev > 0 {
+		end = max(end, s.At)
+	}
+	return max(0, end-now)
 }
 
 // entry is the i-th oldest entry of a sliding_log's ring.

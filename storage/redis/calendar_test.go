@@ -122,8 +122,12 @@ func runCalendarParity(t *testing.T, zl storage.Limiter, l algorithms.Limit, ste
 			t.Fatalf("step %d: %c at %d cost %d: %v", i, st.op, st.now, st.cost, err)
 		}
 		if got != want {
+			loc := l.Calendar.Loc
+			if loc == nil {
+				loc = time.UTC // an epoch window
+			}
 			t.Fatalf("step %d: %c at %d (%s) cost %d = %+v (ok=%v), want %+v (Go)", i, st.op, st.now,
-				time.UnixMicro(st.now).In(l.Calendar.Loc), st.cost, got, ok, want)
+				time.UnixMicro(st.now).In(loc), st.cost, got, ok, want)
 		}
 	}
 	return n
@@ -133,8 +137,8 @@ func runCalendarParity(t *testing.T, zl storage.Limiter, l algorithms.Limit, ste
 // five time zones (two DST changes a year, a half-hour offset, a half-hour
 // DST change) over a year and more (a 29th of February) through the Go
 // algorithm and its Lua twin, with grants, and the window algorithms'
-// grants on epoch windows too (fixed_window and sliding_window); through
-// EVALSHA and FCALL.
+// grants on epoch windows too (fixed_window, sliding_window and
+// sliding_log); through EVALSHA and FCALL.
 func TestCalendarParity(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, mode := range []string{"evalsha", "fcall"} {
@@ -164,6 +168,8 @@ func TestCalendarParity(t *testing.T) {
 				mustLimit(t, algorithms.FixedWindow, 7, 13*time.Second, 0, 0),
 				mustLimit(t, algorithms.SlidingWindow, 4, time.Second, 0, 0),
 				mustLimit(t, algorithms.SlidingWindow, 7, 13*time.Second, 0, 0),
+				mustLimit(t, algorithms.SlidingLog, 4, time.Second, 0, 0),
+				mustLimit(t, algorithms.SlidingLog, 7, 13*time.Second, 0, 0),
 			} {
 				rng := rand.New(rand.NewPCG(7, uint64(l.Window)))
 				zname := fmt.Sprintf("%s-grant-%s-%d", mode, l.Kind, l.Window)

@@ -268,7 +268,7 @@ func (z *zone) Grant(ctx context.Context, key string, now, amount int64) (algori
 		return algorithms.Decision{}, fmt.Errorf("redis store: grant %q: %w", z.name, algorithms.ErrNoGrant)
 	}
 	rkey := z.store.key(key, z.tail)
-	d, _, err := z.runKey(ctx, opGrant, rkey, now, min(max(amount, 0), algorithms.MaxGrant), algorithms.Decision{})
+	d, _, err := z.runKey(ctx, opGrant, rkey, now, min(max(amount, 0), z.limit.GrantCap()), algorithms.Decision{})
 	if err == nil {
 		err = z.store.forget(ctx, rkey)
 	}
