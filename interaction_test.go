@@ -788,6 +788,12 @@ func (r *ixRun) load() {
 		addr = r.srv.Addr
 	}
 	reload(r.t, ixConfig(r.up.URL, addr, r.instances, r.settings))
+	// The old servers shut down in the background: a request on a
+	// connection one of them still keeps would be decided by the old
+	// config, and a memory zone whose max_keys changed has a store of
+	// its own there, which the checker forgot at the reload. New
+	// connections go to the new servers.
+	r.tester.Client.CloseIdleConnections()
 }
 
 // reload loads a Caddyfile into the running test Caddy, as an operator's
