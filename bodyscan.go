@@ -34,6 +34,7 @@ type bodyScanner struct {
 	buf   []byte // JSON: the body so far; SSE: the line being read
 	data  []byte // SSE: the current event's data
 	skip  bool   // SSE: the current event is too long to read
+	cr    bool   // SSE: the last write ended with a CR
 }
 
 type scanMode uint8
@@ -89,12 +90,22 @@ func scanModeOf(h http.Header) scanMode {
 	return scanJSON
 }
 
-// feedSSE splits p into lines (ended by LF or CRLF; a bare CR is not a
-// line end here) and events (ended by an empty line), keeping only the
-// unfinished line and event. A line whole within p is read in place.
+// feedSSE splits p into lines (ended by LF, CRLF or a bare CR, as the SSE
+// specification has it) and events (ended by an empty line), keeping only
+// the unfinished line and event. A line whole within p is read in place.
+// A CR that ends p may be the first half of a CRLF: an LF that starts the
+// next write then ends nothing.
 func (s *bodyScanner) feedSSE(p []byte) {
+	if s.cr && len(p) > 0 && p[0] == '\n' {
+		p = p[1:]
+	}
+	s.cr = false
+	cr := bytes.IndexByte(p, '\r') // the next CR, found once per CR: LF-only streams scan for it once
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
+		if cr >= 0 && (i < 0 || cr < i) {
+			i = cr
+		}
 		if i < 0 {
 			s.appendLine(p)
 			return
@@ -106,7 +117,21 @@ func (s *bodyScanner) feedSSE(p []byte) {
 			s.line(s.buf)
 		}
 		s.buf = s.buf[:0]
-		p = p[i+1:]
+		next := i + 1
+		if p[i] == '\r' {
+			switch {
+			case next == len(p):
+				s.cr = true
+			case p[next] == '\n':
+				next++
+			}
+		}
+		p = p[next:]
+		if cr >= 0 {
+			if cr -= next; cr < 0 {
+				cr = bytes.IndexByte(p, '\r')
+			}
+		}
 	}
 }
 
@@ -118,9 +143,8 @@ func (s *bodyScanner) appendLine(b []byte) {
 	s.buf = append(s.buf, b...)
 }
 
-// line handles one complete line of the stream (its CR, if any, kept).
+// line handles one complete line of the stream, without its line end.
 func (s *bodyScanner) line(l []byte) {
-	l = bytes.TrimSuffix(l, []byte("\r"))
 	if len(l) == 0 {
 		s.event()
 		return

@@ -1,0 +1,62 @@
+package tollgate
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// TestBodyScannerLineEnds: a Server-Sent Events stream's lines may end
+// with LF, CRLF or a bare CR (the SSE specification allows all three);
+// the scanner finds the last event's number whichever it is, however the
+// stream is split into writes (every split point, and a byte at a time),
+// and a CRLF split between two writes is one line end, not two (two
+// would end the event before its data line).
+func TestBodyScannerLineEnds(t *testing.T) {
+	sse := http.Header{"Content-Type": {"text/event-stream"}}
+	events := []string{
+		"event: delta",
+		`data: {"usage": {"total_tokens": 7}}`,
+		"",
+		": a comment",
+		"data: {\"choices\": []}",
+		"",
+		"event: message_delta",
+		`data: {"usage":`,
+		`data:  {"total_tokens": 42}}`,
+		"",
+		"data: [DONE]",
+		"",
+	}
+	for _, end := range []string{"\n", "\r\n", "\r"} {
+		body := strings.Join(events, end)
+		name := strings.NewReplacer("\r", `\r`, "\n", `\n`).Replace(end)
+		scan := func(chunks ...string) string {
+			s := newBodyScanner([]string{"usage.total_tokens"})
+			for _, c := range chunks {
+				s.feed(sse, []byte(c))
+			}
+			repl := caddy.NewReplacer()
+			s.finish(repl)
+			v, _ := repl.GetString(jsonPlaceholder + "usage.total_tokens")
+			return v
+		}
+		if got := scan(body); got != "42" {
+			t.Errorf("%s: one write: %q, want 42", name, got)
+		}
+		for i := 1; i < len(body); i++ {
+			if got := scan(body[:i], body[i:]); got != "42" {
+				t.Fatalf("%s: split at %d (%q | %q): %q, want 42", name, i, body[max(0, i-8):i], body[i:min(len(body), i+8)], got)
+			}
+		}
+		bytes := make([]string, len(body))
+		for i := range body {
+			bytes[i] = body[i : i+1]
+		}
+		if got := scan(bytes...); got != "42" {
+			t.Errorf("%s: a byte a write: %q, want 42", name, got)
+		}
+	}
+}
