@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
-	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -447,7 +446,7 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 	}
 	var (
 		st   keyState
-		done []any // the stores granted in: each once
+		done = map[any]algorithms.Decision{} // the stores granted in, each once, and the decision after
 	)
 	granted := false
 	for _, lz := range zs {
@@ -469,15 +468,20 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q: its store keeps no grants", lz.z.name)}
 		}
 		scope := grantScope(rate)
-		if slices.Contains(done, scope) {
+		stored := lz.z.storedKey(key)
+		if d, ok := done[scope]; ok {
+			// Granted through another handler's client: this one learns
+			// it now, not when the message arrives.
+			if l, ok := rate.limiter.(*redisLimiter); ok {
+				l.grantedElsewhere(stored, d)
+			}
 			continue
 		}
-		done = append(done, scope)
-		stored := lz.z.storedKey(key)
 		d, err := g.Grant(r.Context(), stored, lz.now(), amount)
 		if err != nil {
 			return storeUnavailable(lz.z.name, err)
 		}
+		done[scope] = d
 		if !granted {
 			st = keyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: d.Remaining,
 				Reset: float64(d.Reset) / microsPerSecond, Wait: float64(d.Wait) / microsPerSecond}
@@ -494,11 +498,12 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 
 // grantScope identifies where a part's grants are kept, so that a grant
 // to a zone defined by several handlers is made once per store: its
-// memory store, or its Redis (a zone's Redis keys are the same from every
-// handler that shares the server and the zone's name).
+// memory store, or its Redis keys, which are the same from every handler
+// whose client reaches the same keys (see redisKeysOf), whatever its
+// pool size or timeout, for the same zone name and algorithm.
 func grantScope(p *zone) any {
-	if l, ok := p.limiter.(*redisLimiter); ok {
-		return fmt.Sprintf("redis %p %s", l.health, p.spec.Name)
+	if l, ok := p.limiter.(*redisLimiter); ok && l.pool != nil {
+		return fmt.Sprintf("redis %s %q %s", l.pool.keys, p.spec.Name, p.spec.Limit.Kind)
 	}
 	return p.limiter
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
 // setClock sets the fake clock to tm until the test ends.
@@ -333,6 +335,72 @@ func TestGrantSlidingThroughAdmin(t *testing.T) {
 				expect(429)
 				advance(55 * time.Minute) // T+126m: T+65m's have left
 				expect(200, 200, 429)
+			}
+		})
+	}
+}
+
+// TestGrantAcrossInstances: three instances on one Redis (three handlers,
+// each with its own client) each cached the key's rejection; a grant made
+// through one admin API is the grant, once, on every instance: they all
+// forget the rejection, and together admit exactly the grant more, for
+// each window algorithm. Before, the one Caddy holding the three handlers
+// granted three times, once per client (12 admitted after a grant of 4).
+func TestGrantAcrossInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, algo := range []string{"fixed_window", "sliding_window", "sliding_log"} {
+		t.Run(algo, func(t *testing.T) {
+			cfg := globalOptions
+			for i := 1; i <= 3; i++ {
+				cfg += fmt.Sprintf(`
+	http://localhost:908%d {
+		rate_limit {
+			zone plan {
+				key {http.request.header.X-Client}
+				algorithm %s
+				rate 3/h
+			}
+			storage redis {
+				addresses %s
+				pool_size %d
+				timeout `+testTimeout+`
+			}
+		}
+		respond "ok"
+	}`, i, algo, srv.Addr, 4+i)
+			}
+			tester := caddytest.NewTester(t)
+			tester.InitServer(cfg, "caddyfile")
+			key := "grant-across-" + algo
+			// Requests in turn on instances 1, 2, 3, 1...: their statuses.
+			statuses := func() string {
+				out := ""
+				for i := 0; i < 12; i++ {
+					req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:908%d/", 1+i%3), nil)
+					req.Header.Set("X-Client", key)
+					resp, err := tester.Client.Do(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					resp.Body.Close()
+					out += fmt.Sprint(resp.StatusCode, " ")
+				}
+				return out
+			}
+			rest := strings.Repeat("429 ", 8)
+			if got := statuses(); got != "200 200 200 "+rest+"429 " {
+				t.Fatalf("before the grant: %s, want 3 admitted across three instances", got)
+			}
+			var out struct {
+				State keyState `json:"state"`
+			}
+			if code := adminPost(t, "/rate_limit/zones/plan/keys/"+key+"/grant", `{"amount": 4}`, &out); code != 200 || out.State.Remaining != 4 {
+				t.Fatalf("grant 4: %d %+v, want 4 remaining", code, out)
+			}
+			// The first three on three instances: each forgot the rejection
+			// it had cached.
+			if got := statuses(); got != "200 200 200 200 "+rest {
+				t.Fatalf("after a grant of 4: %s, want 4 admitted, the first on each instance", got)
 			}
 		})
 	}

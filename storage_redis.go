@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -132,6 +133,9 @@ var redisClients = caddy.NewUsagePool()
 type pooledRedis struct {
 	client goredis.UniversalClient
 	store  *redisstore.Store
+	// keys identifies the keys the client's store reads and writes (see
+	// redisKeysOf): clients that differ only in how they connect share it.
+	keys   string
 	health redisHealth
 	// lead is how far Redis's clock is ahead of this instance's (µs), as
 	// the last decision Redis made showed it: never less than the true
@@ -241,7 +245,7 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	r.poolKey = redisPoolKey(opts, prefix, pipeline, functions)
 	v, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
 		c := goredis.NewUniversalClient(opts)
-		p := &pooledRedis{client: c, store: redisstore.New(c, prefix)}
+		p := &pooledRedis{client: c, store: redisstore.New(c, prefix), keys: redisKeysOf(opts, prefix)}
 		if pipeline {
 			p.store = redisstore.NewPipelined(c, prefix)
 		}
@@ -466,6 +470,17 @@ func redisPoolKey(o *goredis.UniversalOptions, prefix string, pipeline, function
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// redisKeysOf identifies the Redis keys a client with options o and key
+// prefix reaches: its servers (or Sentinel master), database and prefix,
+// hashed as redisPoolKey is. Clients whose pool size, timeouts,
+// pipelining or credentials differ reach the same keys.
+func redisKeysOf(o *goredis.UniversalOptions, prefix string) string {
+	addrs := slices.Clone(o.Addrs)
+	slices.Sort(addrs)
+	h := sha256.Sum256(fmt.Appendf(nil, "%q|%d|%q|%q", addrs, o.DB, o.MasterName, prefix))
+	return hex.EncodeToString(h[:])
+}
+
 // Cleanup releases the shared client.
 func (r *RedisStorage) Cleanup() error {
 	if r.client != nil {
@@ -593,6 +608,20 @@ func (l *redisLimiter) Grant(ctx context.Context, key string, now, amount int64)
 		l.copy.Seed(key, d, 0, false)
 	}
 	return d, err
+}
+
+// grantedElsewhere has l learn a grant to key that another handler's
+// client made on the same Redis keys in this process (see grantScope), d
+// the decision after it: its deny cache forgets the key's rejection, and
+// its local copy learns the key's state, as Grant does, without waiting
+// for the message every instance hears.
+func (l *redisLimiter) grantedElsewhere(key string, d algorithms.Decision) {
+	if f, ok := l.inner.(interface{ Forget(key string) }); ok {
+		f.Forget(key)
+	}
+	if l.copy != nil {
+		l.copy.Seed(key, d, 0, false)
+	}
 }
 
 // leaseHolder is a Redis zone whose slots are leases (redis.Store's

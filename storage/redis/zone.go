@@ -279,3 +279,13 @@ func (z *zone) Grant(ctx context.Context, key string, now, amount int64) (algori
 }
 
 var _ storage.Granter = (*zone)(nil)
+
+// Forget drops key's rejection from this store's deny cache, here only:
+// a grant made through another store on the same Redis, in this process,
+// has been published to every instance, and this one need not wait for
+// the message to admit the key.
+func (z *zone) Forget(key string) {
+	if z.store.deny != nil {
+		z.store.deny.forget(z.store.key(key, z.tail))
+	}
+}
