@@ -100,9 +100,11 @@ func (s *bodyScanner) feedSSE(p []byte) {
 		p = p[1:]
 	}
 	s.cr = false
-	cr := bytes.IndexByte(p, '\r') // the next CR, found once per CR: LF-only streams scan for it once
+	// The next LF and CR, each looked for again only once passed: a
+	// stream with one kind of line end scans for the other once a write.
+	lf, cr := bytes.IndexByte(p, '\n'), bytes.IndexByte(p, '\r')
 	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
+		i := lf
 		if cr >= 0 && (i < 0 || cr < i) {
 			i = cr
 		}
@@ -127,12 +129,21 @@ func (s *bodyScanner) feedSSE(p []byte) {
 			}
 		}
 		p = p[next:]
-		if cr >= 0 {
-			if cr -= next; cr < 0 {
-				cr = bytes.IndexByte(p, '\r')
-			}
-		}
+		lf, cr = after(p, lf, next, '\n'), after(p, cr, next, '\r')
 	}
+}
+
+// after is where the next c is in p, now that next bytes before p were
+// consumed: at, moved, or looked for again if it was consumed (-1 stays:
+// there is none).
+func after(p []byte, at, next int, c byte) int {
+	if at < 0 {
+		return at
+	}
+	if at -= next; at < 0 {
+		return bytes.IndexByte(p, c)
+	}
+	return at
 }
 
 func (s *bodyScanner) appendLine(b []byte) {

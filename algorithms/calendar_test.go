@@ -267,6 +267,16 @@ func TestGrant(t *testing.T) {
 	}
 }
 
+// takeUpTo takes events of cost 1 at at until one is refused, at most n,
+// and returns how many were admitted.
+func takeUpTo(l *Limit, s *State, at int64, n int) int {
+	k := 0
+	for k < n && l.Take(s, at, Milli).Allowed {
+		k++
+	}
+	return k
+}
+
 // TestGrantSlidingWindow: a sliding_window's grant raises its window's
 // limit by the amount, ends with the window, and what it admitted does
 // not weigh on the next window: only the window's count beyond the grant
@@ -277,13 +287,7 @@ func TestGrantSlidingWindow(t *testing.T) {
 	start := micros(time.Date(2026, 2, 10, 5, 0, 0, 0, time.UTC))
 	start -= start % w
 	var s State
-	take := func(at int64, n int) int {
-		k := 0
-		for k < n && l.Take(&s, at, Milli).Allowed {
-			k++
-		}
-		return k
-	}
+	take := func(at int64, n int) int { return takeUpTo(&l, &s, at, n) }
 	if n := take(start+1, 100); n != 10 {
 		t.Fatalf("before a grant: %d admitted, want 10", n)
 	}
@@ -340,13 +344,7 @@ func TestGrantSlidingLog(t *testing.T) {
 	w := l.Window
 	now := int64(1_800_000_000_000_000)
 	var s State
-	take := func(at int64, n int) int {
-		k := 0
-		for k < n && l.Take(&s, at, Milli).Allowed {
-			k++
-		}
-		return k
-	}
+	take := func(at int64, n int) int { return takeUpTo(&l, &s, at, n) }
 	if n := take(now, 10); n != 3 {
 		t.Fatalf("before a grant: %d admitted, want 3", n)
 	}

@@ -34,17 +34,23 @@ local function slidinglog(key, op, now, x, ta, _, w, n)
 		return tonumber(redis.call('LINDEX', key, base + i))
 	end
 
+	-- logreset is Limit.logReset: µs until the newest of count entries
+	-- has left the window and the grant has ended.
+	local function logreset(newest, count)
+		local r = 0
+		if count > 0 then
+			r = newest + w - now
+		end
+		if gamt > 0 then
+			r = math.max(r, gend - now)
+		end
+		return r
+	end
+
 	-- persist sets the TTL from the newest entry and the grant's end, or
 	-- deletes a fresh log.
 	local function persist(newest, count)
-		local reset = 0
-		if count > 0 then
-			reset = newest + w - now
-		end
-		if gamt > 0 then
-			reset = math.max(reset, gend - now)
-		end
-		local ms = ttl(reset, now - raw)
+		local ms = ttl(logreset(newest, count), now - raw)
 		if ms <= 0 then
 			redis.call('DEL', key)
 		else
@@ -113,17 +119,8 @@ local function slidinglog(key, op, now, x, ta, _, w, n)
 	local g = quo(gamt, 1000)
 	local level = len - head
 
-	-- fresh is Limit.logReset: µs until the newest entry has left the
-	-- window and the grant has ended.
 	local function fresh()
-		local r = 0
-		if level > 0 then
-			r = newest + w - now
-		end
-		if gamt > 0 then
-			r = math.max(r, gend - now)
-		end
-		return r
+		return logreset(newest, level)
 	end
 
 	local d
