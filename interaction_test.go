@@ -98,6 +98,11 @@ type ixZone struct {
 	slots      int // concurrency
 	tiers      map[string]int64
 	failures   bool // count_response { status 401 }: only failed requests count
+	// settle: cost_response: the estimate is X-Est (default 1), settled to
+	// the actual cost the upstream answers (ixUpstream's /cost).
+	settle bool
+	grants bool           // the test grants its keys quota (a grant step)
+	tz     *time.Location // align calendar in this time zone (window 1d)
 }
 
 const ixWindow = time.Hour
@@ -107,15 +112,37 @@ var ixZones = []ixZone{
 	{name: "ix_gcra", algo: "gcra", paths: []string{"/gcra"}, events: 4, window: ixWindow, onError: "deny"},
 	{name: "ix_sw", algo: "sliding_window", paths: []string{"/sw", "/multi"}, events: 4, window: ixWindow, costly: true},
 	{name: "ix_sl", algo: "sliding_log", paths: []string{"/sl"}, events: 4, window: ixWindow},
-	{name: "ix_fw", algo: "fixed_window", paths: []string{"/fw"}, events: 4, window: ixWindow, costly: true},
+	{name: "ix_fw", algo: "fixed_window", paths: []string{"/fw"}, events: 4, window: ixWindow, costly: true, grants: true},
 	{name: "ix_lb", algo: "leaky_bucket", paths: []string{"/lb"}, events: 4, window: ixWindow, onError: "allow"},
 	{name: "ix_ban", algo: "token_bucket", paths: []string{"/ban"}, events: 2, window: ixWindow, ban: 10 * time.Minute},
 	{name: "ix_tier", algo: "token_bucket", paths: []string{"/tier"}, events: 2, window: ixWindow, tiers: map[string]int64{"gold": 6}},
 	{name: "ix_conc", paths: []string{"/hold"}, slots: 2},
 	{name: "ix_login", algo: "token_bucket", paths: []string{"/login"}, events: 3, window: ixWindow, failures: true},
+	{name: "ix_cost", algo: "token_bucket", paths: []string{"/cost"}, events: 4, window: ixWindow, settle: true},
+	{name: "ix_costg", algo: "gcra", paths: []string{"/cost"}, events: 5, window: ixWindow, settle: true},
+	{name: "ix_day", algo: "fixed_window", paths: []string{"/day"}, events: 5, window: 24 * time.Hour, costly: true, grants: true, tz: ixKolkata},
 }
 
-var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login"}
+// ixKolkata is the calendar zone's time zone: a half-hour offset.
+var ixKolkata = func() *time.Location {
+	l, err := time.LoadLocation("Asia/Kolkata")
+	if err != nil {
+		panic(err)
+	}
+	return l
+}()
+
+var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login", "/cost", "/day"}
+
+// ixGrantZones are the zones a grant step grants in: those with grants.
+var ixGrantZones = func() (names []string) {
+	for _, z := range ixZones {
+		if z.grants {
+			names = append(names, z.name)
+		}
+	}
+	return names
+}()
 
 // ixSettings is what a reload changes.
 type ixSettings struct {
@@ -123,6 +150,7 @@ type ixSettings struct {
 	maxKeys  int
 	poolSize int
 	timeout  string
+	usage    string // where ix_cost reads the actual cost: "json" (the body) or "header"
 }
 
 func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
@@ -132,8 +160,19 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 		var zones strings.Builder
 		for _, z := range ixZones {
 			fmt.Fprintf(&zones, "\t\t\tzone %s {\n\t\t\t\tmatch {\n\t\t\t\t\tpath %s\n\t\t\t\t}\n\t\t\t\tkey {http.request.header.X-Client}\n", z.name, strings.Join(z.paths, " "))
-			if z.algo != "" {
+			switch {
+			case z.tz != nil:
+				fmt.Fprintf(&zones, "\t\t\t\talgorithm %s\n\t\t\t\tevents %d\n\t\t\t\twindow 1d\n\t\t\t\talign calendar\n\t\t\t\ttimezone %s\n", z.algo, z.events, z.tz)
+			case z.algo != "":
 				fmt.Fprintf(&zones, "\t\t\t\talgorithm %s\n\t\t\t\tevents %d\n\t\t\t\twindow %s\n", z.algo, z.events, z.window)
+			}
+			if z.settle {
+				zones.WriteString("\t\t\t\tcost {http.request.header.X-Est}\n")
+				usage := "{http.rate_limit.response.json.usage.total_tokens}"
+				if s.usage == "header" {
+					usage = "{http.response.header.X-Usage}"
+				}
+				fmt.Fprintf(&zones, "\t\t\t\tcost_response %s\n", usage)
 			}
 			if z.costly {
 				zones.WriteString("\t\t\t\tcost {http.request.header.X-Cost}\n")
@@ -175,10 +214,13 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 				header_up X-Instance %d
 			}
 		}
+		handle /cost {
+			reverse_proxy %s
+		}
 		@fail header X-Fail 1
 		respond @fail 401
 		respond "ok"
-	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i)
+	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"))
 	}
 	return cfg
 }
@@ -203,6 +245,10 @@ type ixHeld struct {
 func newIxUpstream(t *testing.T, slots int) *ixUpstream {
 	u := &ixUpstream{slots: slots, held: map[string]*ixHeld{}, seen: map[string]bool{}}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/cost" {
+			ixUsage(w, r)
+			return
+		}
 		h := &ixHeld{key: r.Header.Get("X-Client"), instance: r.Header.Get("X-Instance"),
 			excused: r.Header.Get("X-Outage") != "", release: make(chan struct{})}
 		id := r.Header.Get("X-Hold")
@@ -247,6 +293,29 @@ func newIxUpstream(t *testing.T, slots int) *ixUpstream {
 	return u
 }
 
+// ixUsage answers a /cost request with the actual cost its X-Actual
+// header asks for, as an LLM API reports token usage: in X-Usage and in
+// the body's usage.total_tokens, a JSON body or (X-Stream) the last event
+// of an event stream that holds it. Without X-Actual, the answer carries
+// no usage, and the zone keeps the estimate.
+func ixUsage(w http.ResponseWriter, r *http.Request) {
+	actual := r.Header.Get("X-Actual")
+	usage := "{}"
+	if actual != "" {
+		w.Header().Set("X-Usage", actual)
+		usage = `{"prompt_tokens":1,"total_tokens":` + actual + `}`
+	}
+	if r.Header.Get("X-Stream") == "" {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"ix","choices":[{"text":"ok"}],"usage":%s}`, usage)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"o\"}}]}\n\n")
+	w.(http.Flusher).Flush()
+	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":%s}\n\ndata: [DONE]\n\n", usage)
+}
+
 // excuseAll marks every request in flight as admitted outside Redis's
 // count (Redis restarted and forgot their leases).
 func (u *ixUpstream) excuseAll() {
@@ -289,25 +358,33 @@ func (u *ixUpstream) violation() string {
 	return u.fault
 }
 
-var ixDefaults = ixSettings{jitter: "0", maxKeys: 1000, poolSize: 8, timeout: "500ms"}
+var ixDefaults = ixSettings{jitter: "0", maxKeys: 1000, poolSize: 8, timeout: "500ms", usage: "json"}
 
 // ixStep is one step of a sequence, generated from the seed.
 type ixStep struct {
-	kind     string // req, burst, hold, release, leave, advance, reset, unban, reload, pause, restart
+	kind     string // req, burst, hold, release, leave, advance, reset, unban, grant, reload, pause, restart
 	instance int
 	path     string
 	key      int
 	cost     int
-	plan     string
-	n        int
-	d        time.Duration
-	zone     string
-	settings ixSettings
+	// A /cost request's estimate (X-Est) and the actual cost its response
+	// reports (X-Actual), -1 for none; stream: the usage comes in an
+	// event stream.
+	est, actual int
+	stream      bool
+	plan        string
+	n           int
+	d           time.Duration
+	zone        string
+	settings    ixSettings
 }
 
 func (s ixStep) String() string {
 	switch s.kind {
 	case "req", "burst":
+		if s.path == "/cost" {
+			return fmt.Sprintf("%s i%d %s k%d est=%d actual=%d stream=%v n=%d", s.kind, s.instance, s.path, s.key, s.est, s.actual, s.stream, s.n)
+		}
 		return fmt.Sprintf("%s i%d %s k%d cost=%d plan=%q n=%d", s.kind, s.instance, s.path, s.key, s.cost, s.plan, s.n)
 	case "hold":
 		return fmt.Sprintf("hold i%d k%d", s.instance, s.key)
@@ -317,6 +394,8 @@ func (s ixStep) String() string {
 		return fmt.Sprintf("advance %s", s.d)
 	case "reset", "unban":
 		return fmt.Sprintf("%s %s k%d", s.kind, s.zone, s.key)
+	case "grant":
+		return fmt.Sprintf("grant %s k%d %d, then i%d.. cost=%d until refused", s.zone, s.key, s.n, s.instance, s.cost)
 	case "reload":
 		return fmt.Sprintf("reload %+v", s.settings)
 	case "pause":
@@ -335,13 +414,24 @@ func ixGenerate(seed int64, n int, redis bool) []ixStep {
 		if redis {
 			s.instance = 1 + rng.Intn(2)
 		}
+		// A /cost request: an estimate 1 to 3 or none (1), settled to 0
+		// to 8 or to nothing readable; mostly near the estimate.
+		s.est, s.actual, s.stream = rng.Intn(4), rng.Intn(9), rng.Intn(3) == 0
+		if s.est == 0 {
+			s.est = -1
+		}
+		if rng.Intn(5) == 0 {
+			s.actual = -1
+		}
 		if rng.Intn(3) == 0 {
 			s.plan = "gold"
 		}
 		s.path = ixPaths[rng.Intn(len(ixPaths))]
 		switch {
-		case p < 40:
+		case p < 36:
 			s.kind = "req"
+		case p < 40:
+			s.kind, s.zone, s.n = "grant", ixGrantZones[rng.Intn(len(ixGrantZones))], 1+rng.Intn(3)
 		case p < 50:
 			s.kind, s.n = "burst", 4+rng.Intn(6)
 		case p < 60:
@@ -367,6 +457,7 @@ func ixGenerate(seed int64, n int, redis bool) []ixStep {
 				maxKeys:  1000 + 1000*rng.Intn(2),
 				poolSize: 8 + 8*rng.Intn(2),
 				timeout:  []string{"500ms", "600ms"}[rng.Intn(2)],
+				usage:    []string{"json", "header"}[rng.Intn(2)],
 			}
 		case p < 98:
 			if !redis {
@@ -375,7 +466,7 @@ func ixGenerate(seed int64, n int, redis bool) []ixStep {
 			}
 			// Five failed calls open the breaker: half the outages do.
 			s.kind, s.n = "pause", rng.Intn(10)
-			s.zone = []string{"ix_tb", "ix_sw", "ix_sl", "ix_fw", "ix_ban", "ix_tier"}[rng.Intn(6)]
+			s.zone = []string{"ix_tb", "ix_sw", "ix_sl", "ix_fw", "ix_ban", "ix_tier", "ix_cost", "ix_day"}[rng.Intn(8)]
 			s.cost = rng.Intn(2) // reset after the resume
 			s.d = time.Duration(rng.Intn(600)) * time.Millisecond
 		default:
@@ -392,11 +483,17 @@ func ixGenerate(seed int64, n int, redis bool) []ixStep {
 
 // ixAdmission is one admitted request of a zone and key.
 type ixAdmission struct {
-	at      int64 // µs: the fake clock (memory), the wall clock (Redis)
-	cost    int64
-	outage  bool // decided while Redis did not answer
-	inst    int
-	outageN int // which outage
+	at   int64 // µs: the fake clock (memory), the wall clock (Redis)
+	cost int64 // what it was charged in the end: a settled zone's actual cost
+	// reserved is what a settled zone reserved (the estimate), and group
+	// the requests it ran beside: one request alone, or a burst. Its
+	// settlement came after every admission of an earlier group, and
+	// perhaps after any of its own group's.
+	reserved int64
+	group    int
+	outage   bool // decided while Redis did not answer
+	inst     int
+	outageN  int // which outage
 }
 
 // ixRun is one run of a sequence.
@@ -410,11 +507,24 @@ type ixRun struct {
 	settings  ixSettings
 
 	admitted map[string][]ixAdmission // zone + "|" + key (+ "|" + plan)
+	grants   map[string][]ixGrant     // zone + "|" + key
+	group    int                      // the last group of requests sent (see ixAdmission)
 	banned   map[string]int64         // ban zone key -> banned until (µs)
 	holds    []ixHoldReq
 	outage   bool // Redis does not answer
 	outages  int
 	errs     []string
+	// What the runs exercised, for the log: admissions of a settled zone
+	// that owed an excess, grants made, admissions of a calendar zone.
+	owing, granted, calendar, steps int
+}
+
+// ixGrant is a grant made to a key: its amount counts in the window that
+// held the grant, between from and to (the clock before and after the
+// admin call).
+type ixGrant struct {
+	from, to int64
+	amount   int64
 }
 
 type ixHoldReq struct {
@@ -440,11 +550,10 @@ func (r *ixRun) url(instance int, path string) string {
 	return fmt.Sprintf("http://localhost:%d%s", ixPort+instance, path)
 }
 
-// send sends one request and records what it was admitted by.
-func (r *ixRun) send(s ixStep, step int) {
+// request is step s's request.
+func (r *ixRun) request(s ixStep) *http.Request {
 	req, _ := http.NewRequest(http.MethodGet, r.url(s.instance, s.path), nil)
-	key := r.key(s.key)
-	req.Header.Set("X-Client", key)
+	req.Header.Set("X-Client", r.key(s.key))
 	req.Header.Set("X-Cost", strconv.Itoa(s.cost))
 	if s.cost == 2 && s.path == "/login" {
 		req.Header.Set("X-Fail", "1") // a failed login
@@ -452,14 +561,32 @@ func (r *ixRun) send(s ixStep, step int) {
 	if s.plan != "" {
 		req.Header.Set("X-Plan", s.plan)
 	}
+	if s.est >= 0 {
+		req.Header.Set("X-Est", strconv.Itoa(s.est))
+	}
+	if s.actual >= 0 {
+		req.Header.Set("X-Actual", strconv.Itoa(s.actual))
+	}
+	if s.stream {
+		req.Header.Set("X-Stream", "1")
+	}
+	return req
+}
+
+// send sends one request, records what it was admitted by, and returns
+// its status.
+func (r *ixRun) send(s ixStep, step int) int {
+	req := r.request(s)
 	resp, err := sendUnread(r.t, r.tester.Client, req)
 	if err != nil {
 		r.failf("step %d: %s: %v", step, s, err)
-		return
+		return 0
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+	r.group++
 	r.record(s, step, resp.StatusCode)
+	return resp.StatusCode
 }
 
 // record notes what a request of step s was answered with.
@@ -483,11 +610,28 @@ func (r *ixRun) record(s ixStep, step int, code int) {
 			if z.costly {
 				cost = int64(s.cost)
 			}
+			reserved := cost
+			if z.settle {
+				reserved, cost = 1, 1
+				if s.est >= 0 {
+					reserved, cost = int64(s.est), int64(s.est)
+				}
+				if s.actual >= 0 {
+					cost = int64(s.actual) // else it keeps the estimate
+				}
+			}
 			id := z.name + "|" + key
 			if z.tiers != nil {
 				id += "|" + s.plan
 			}
-			r.admitted[id] = append(r.admitted[id], ixAdmission{at: at, cost: cost, outage: r.outage, inst: s.instance, outageN: r.outages})
+			switch {
+			case z.settle && cost > reserved:
+				r.owing++
+			case z.tz != nil:
+				r.calendar++
+			}
+			r.admitted[id] = append(r.admitted[id], ixAdmission{at: at, cost: cost, reserved: reserved, group: r.group,
+				outage: r.outage, inst: s.instance, outageN: r.outages})
 			if z.ban > 0 && !r.outage {
 				if until, ok := r.banned[key]; ok && at < until {
 					r.failf("step %d: %s admitted while banned (until %d, now %d)", step, s, until, at)
@@ -596,9 +740,28 @@ func (r *ixRun) end(n int, leave bool) {
 }
 
 func (r *ixRun) admin(method, path string) int {
-	req, _ := http.NewRequest(method, adminBase+path, nil)
-	// A reload restarts the admin server, closing an idle connection to it.
-	resp, err := sendUnread(r.t, http.DefaultClient, req)
+	return r.adminBody(method, path, "")
+}
+
+// adminBody sends an admin call with body, a new request each time it is
+// sent again: a reload restarts the admin server, closing an idle
+// connection to it (a request it never read).
+func (r *ixRun) adminBody(method, path, body string) int {
+	var (
+		resp *http.Response
+		err  error
+	)
+	for try := 0; try < 4; try++ {
+		req, _ := http.NewRequest(method, adminBase+path, strings.NewReader(body))
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if resp, err = http.DefaultClient.Do(req); err == nil || !(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)) {
+			break
+		}
+		r.t.Logf("%s %s: %v; sending it again", method, path, err)
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err != nil {
 		r.failf("%s %s: %v", method, path, err)
 		return 0
@@ -621,10 +784,36 @@ func (r *ixRun) reset(zone string, k int, step int) {
 				delete(r.admitted, id)
 			}
 		}
+		delete(r.grants, zone+"|"+key)
 		if zone == "ix_ban" {
 			delete(r.banned, key)
 		}
 	}
+}
+
+// grant gives key k n events more in zone's current window; the checker
+// then allows them in that window.
+func (r *ixRun) grant(zone string, k, n int, step int) bool {
+	key := r.key(k)
+	from := r.now()
+	code := r.adminBody(http.MethodPost, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key)+"/grant", fmt.Sprintf(`{"amount": %d}`, n))
+	if code != 200 {
+		r.failf("step %d: grant %s %s %d: status %d", step, zone, key, n, code)
+		return false
+	}
+	id := zone + "|" + key
+	r.grants[id] = append(r.grants[id], ixGrant{from: from, to: r.now(), amount: int64(n)})
+	r.granted++
+	return true
+}
+
+func ixZoneNamed(name string) ixZone {
+	for _, z := range ixZones {
+		if z.name == name {
+			return z
+		}
+	}
+	panic("no zone " + name)
 }
 
 func (r *ixRun) unban(k int, step int) {
@@ -666,7 +855,10 @@ func (r *ixRun) backToRedis(step int) {
 func (r *ixRun) do(s ixStep, step int) {
 	switch s.kind {
 	case "req":
-		r.send(s, step)
+		// A client of a settled zone spends what it owes at once: its
+		// requests one after another until one is refused.
+		for j := 0; r.send(s, step) == 200 && s.path == "/cost" && j < 6; j++ {
+		}
 	case "burst":
 		r.burst(s, step)
 	case "hold":
@@ -681,11 +873,29 @@ func (r *ixRun) do(s ixStep, step int) {
 		r.reset(s.zone, s.key, step)
 	case "unban":
 		r.unban(s.key, step)
+	case "grant":
+		// Granted quota is spent at once, as a customer who asked for
+		// more does: requests of the key, spread over the instances,
+		// until one is refused.
+		if !r.grant(s.zone, s.key, s.n, step) {
+			break
+		}
+		for j := 0; j < 16; j++ {
+			s2 := s
+			s2.kind, s2.path = "req", ixZoneNamed(s.zone).paths[0]
+			if r.instances > 1 {
+				s2.instance = 1 + j%r.instances
+			}
+			if r.send(s2, step) != 200 {
+				break
+			}
+		}
 	case "reload":
 		if r.srv == nil && s.settings.maxKeys != r.settings.maxKeys {
 			// A memory zone whose max_keys changes starts afresh (the
 			// documented rule); its requests in flight keep their slots.
 			r.admitted = map[string][]ixAdmission{}
+			r.grants = map[string][]ixGrant{}
 			r.banned = map[string]int64{}
 		}
 		r.settings = s.settings
@@ -721,6 +931,7 @@ func (r *ixRun) do(s ixStep, step int) {
 		r.srv.Restart()
 		r.up.excuseAll()
 		r.admitted = map[string][]ixAdmission{}
+		r.grants = map[string][]ixGrant{}
 		r.banned = map[string]int64{}
 		r.backToRedis(step)
 	}
@@ -745,15 +956,7 @@ func (r *ixRun) burst(s ixStep, step int) {
 				s.instance = 1 + j%r.instances
 			}
 			// send records under the run's state: one at a time there.
-			req, _ := http.NewRequest(http.MethodGet, r.url(s.instance, s.path), nil)
-			req.Header.Set("X-Client", r.key(s.key))
-			req.Header.Set("X-Cost", strconv.Itoa(s.cost))
-			if s.cost == 2 && s.path == "/login" {
-				req.Header.Set("X-Fail", "1") // a failed login
-			}
-			if s.plan != "" {
-				req.Header.Set("X-Plan", s.plan)
-			}
+			req := r.request(s)
 			resp, err := sendUnread(r.t, r.tester.Client, req) // a reload just before may reset it unread
 			mu.Lock()
 			defer mu.Unlock()
@@ -770,6 +973,7 @@ func (r *ixRun) burst(s ixStep, step int) {
 	// Their order is unknown: the admissions are recorded first, the most
 	// lenient order for a ban's check.
 	sort.SliceStable(order, func(a, b int) bool { return codes[order[a]] == 200 && codes[order[b]] != 200 })
+	r.group++
 	for _, j := range order {
 		code := codes[j]
 		s := s
@@ -832,29 +1036,39 @@ func (r *ixRun) check(step int) {
 	}
 	for id, adm := range r.admitted {
 		name, _, _ := strings.Cut(id, "|")
-		var z ixZone
-		for _, c := range ixZones {
-			if c.name == name {
-				z = c
-			}
-		}
+		z := ixZoneNamed(name)
 		events := z.events
 		if z.tiers != nil && strings.HasSuffix(id, "|gold") {
 			events = z.tiers["gold"]
 		}
+		grants := r.grants[id] // a zone with grants has no tiers: id is zone|key
 		var shared []ixAdmission
-		local := map[[2]int]int64{} // (outage, instance) -> cost
+		local := map[[2]int][]ixAdmission{} // (outage, instance) -> admissions
 		for _, a := range adm {
 			if a.outage {
-				local[[2]int{a.outageN, a.inst}] += a.cost
+				k := [2]int{a.outageN, a.inst}
+				local[k] = append(local[k], a)
 			} else {
 				shared = append(shared, a)
 			}
 		}
-		if msg := ixExceeds(z.algo, events, z.window, shared); msg != "" {
+		if msg := ixExceeds(z, events, shared, grants); msg != "" {
 			r.failf("step %d: %s: %s", step, id, msg)
 		}
-		for k, c := range local {
+		for k, la := range local {
+			// A local copy goes on from where the key stood, a capacity
+			// at most: the algorithm's bound for a settled or granted
+			// zone, else a capacity an outage.
+			if z.settle || z.grants {
+				if msg := ixExceeds(z, events, la, grants); msg != "" {
+					r.failf("step %d: %s: instance %d on its own during outage %d: %s", step, id, k[1], k[0], msg)
+				}
+				continue
+			}
+			var c int64
+			for _, a := range la {
+				c += a.cost
+			}
 			if c > events {
 				r.failf("step %d: %s: instance %d admitted cost %d on its own during outage %d, capacity %d", step, id, k[1], c, k[0], events)
 			}
@@ -862,34 +1076,71 @@ func (r *ixRun) check(step int) {
 	}
 }
 
+// windowOf is the window that holds at, of a window algorithm's zone: a
+// multiple of the window since the epoch, or a calendar day in z.tz (as
+// yyyymmdd).
+func (z ixZone) windowOf(at int64) int64 {
+	if z.tz != nil {
+		y, m, d := time.UnixMicro(at).In(z.tz).Date()
+		return int64(y*10000 + int(m)*100 + d)
+	}
+	return at / z.window.Microseconds()
+}
+
 // ixExceeds checks admissions against the algorithm's definition (a fresh
-// key starts full) and says how they exceed it, or "".
-func ixExceeds(algo string, events int64, window time.Duration, adm []ixAdmission) string {
+// key starts full) and says how they exceed it, or "". A settled zone
+// (cost_response) may exceed it by what its settlements owe, as the docs
+// state the bound; a window may hold what was granted in it.
+func ixExceeds(z ixZone, events int64, adm []ixAdmission, grants []ixGrant) string {
 	if len(adm) == 0 {
 		return ""
 	}
 	sort.SliceStable(adm, func(i, j int) bool { return adm[i].at < adm[j].at })
-	w := window.Microseconds()
+	w := z.window.Microseconds()
 	n := float64(events)
 	const eps = 1e-6
-	switch algo {
+	// granted is what the grants made in window k add to it. A grant
+	// whose call spanned two windows counts in both.
+	granted := func(k int64) int64 {
+		var g int64
+		for _, gr := range grants {
+			if z.windowOf(gr.from) == k || z.windowOf(gr.to) == k {
+				g += gr.amount
+			}
+		}
+		return g
+	}
+	switch z.algo {
 	case "token_bucket", "gcra", "leaky_bucket":
-		// Over any run of admissions, cost <= B + r * elapsed.
+		// docs/reference.md, cost_response: "over any interval t, the
+		// requests admitted cost at most burst + rate × t + X, X the
+		// excess of those settled after the interval's last admission".
+		// Over any run of admissions i..j, the actual cost admitted is
+		// at most B + r * elapsed + X, X the excess (actual cost over the
+		// estimate reserved) of those of i..j that may have settled
+		// after j was admitted: j's group (itself, or its burst), whose
+		// admissions are the last of i..j.
 		for i := range adm {
-			var sum float64
+			var sum, owed float64
+			group := -1
 			for j := i; j < len(adm); j++ {
 				sum += float64(adm[j].cost)
-				if allowed := n + n*float64(adm[j].at-adm[i].at)/float64(w); sum > allowed+eps {
-					return fmt.Sprintf("%s: cost %g admitted in %dµs, at most %g", algo, sum, adm[j].at-adm[i].at, allowed)
+				if adm[j].group != group {
+					group, owed = adm[j].group, 0
+				}
+				owed += float64(max(adm[j].cost-adm[j].reserved, 0))
+				if allowed := n + n*float64(adm[j].at-adm[i].at)/float64(w) + owed; sum > allowed+eps {
+					return fmt.Sprintf("%s: cost %g admitted in %dµs, at most %g (%g owed by settlements after the last)", z.algo, sum, adm[j].at-adm[i].at, allowed, owed)
 				}
 			}
 		}
 	case "fixed_window":
 		per := map[int64]int64{}
 		for _, a := range adm {
-			per[a.at/w] += a.cost
-			if per[a.at/w] > events {
-				return fmt.Sprintf("fixed_window: cost %d in window %d, at most %d", per[a.at/w], a.at/w, events)
+			k := z.windowOf(a.at)
+			per[k] += a.cost
+			if g := granted(k); per[k] > events+g {
+				return fmt.Sprintf("fixed_window: cost %d in window %d, at most %d and %d granted", per[k], k, events, g)
 			}
 		}
 	case "sliding_log":
@@ -917,8 +1168,8 @@ func ixExceeds(algo string, events int64, window time.Duration, adm []ixAdmissio
 				}
 			}
 			elapsed := float64(adm[j].at-k*w) / float64(w)
-			if est := prev*(1-elapsed) + cur; est > n+0.01 {
-				return fmt.Sprintf("sliding_window: estimate %g at %d, at most %g", est, adm[j].at, n)
+			if est, g := prev*(1-elapsed)+cur, float64(granted(k)); est > n+g+0.01 {
+				return fmt.Sprintf("sliding_window: estimate %g at %d, at most %g and %g granted", est, adm[j].at, n, g)
 			}
 		}
 	}
@@ -928,6 +1179,7 @@ func ixExceeds(algo string, events int64, window time.Duration, adm []ixAdmissio
 // run runs steps from a fresh configuration and returns the failures.
 func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []string) {
 	r.admitted = map[string][]ixAdmission{}
+	r.grants = map[string][]ixGrant{}
 	r.banned = map[string]int64{}
 	r.errs = nil
 	r.up.mu.Lock()
@@ -950,6 +1202,7 @@ func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []st
 			return -1, nil
 		}
 		r.do(s, i)
+		r.steps++
 		r.check(i)
 		if len(r.errs) > 0 {
 			return i, r.errs
@@ -965,6 +1218,10 @@ func TestInteraction(t *testing.T) {
 			r := &ixRun{t: t, tester: caddytest.NewTester(t), up: newIxUpstream(t, 2), instances: 1}
 			budget := ixBudget(t, 10*time.Second)
 			if store == "redis" {
+				// Redis decides by its clock, and a calendar zone's span
+				// is computed from the instance's: for a grant, from the
+				// handler's clock, which the memory run moved.
+				setClock(t, time.Now())
 				r.srv = redistest.Start(t)
 				r.instances = 2
 				budget = ixBudget(t, 25*time.Second)
@@ -1006,7 +1263,7 @@ func TestInteraction(t *testing.T) {
 				t.Fatalf("seed %d (TOLLGATE_INTERACT_SEED=%d), step %d:\n\t%s\nshortest failing sequence found (TOLLGATE_INTERACT_STEPS=%s):\n\t%s",
 					s, s, failed, strings.Join(errs, "\n\t"), shrunk.indexes, strings.Join(shrunk.lines, "\n\t"))
 			}
-			t.Logf("seed %d: %d rounds in %s", seed, round, budget)
+			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day", seed, round, r.steps, budget, r.owing, r.granted, r.calendar)
 			reload(t, plain)
 			r.tester.Client.CloseIdleConnections()
 			var leftover int
