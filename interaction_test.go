@@ -110,8 +110,8 @@ const ixWindow = time.Hour
 var ixZones = []ixZone{
 	{name: "ix_tb", algo: "token_bucket", paths: []string{"/tb", "/multi"}, events: 4, window: ixWindow, costly: true},
 	{name: "ix_gcra", algo: "gcra", paths: []string{"/gcra"}, events: 4, window: ixWindow, onError: "deny"},
-	{name: "ix_sw", algo: "sliding_window", paths: []string{"/sw", "/multi"}, events: 4, window: ixWindow, costly: true},
-	{name: "ix_sl", algo: "sliding_log", paths: []string{"/sl"}, events: 4, window: ixWindow},
+	{name: "ix_sw", algo: "sliding_window", paths: []string{"/sw", "/multi"}, events: 4, window: ixWindow, costly: true, grants: true},
+	{name: "ix_sl", algo: "sliding_log", paths: []string{"/sl"}, events: 4, window: ixWindow, grants: true},
 	{name: "ix_fw", algo: "fixed_window", paths: []string{"/fw"}, events: 4, window: ixWindow, costly: true, grants: true},
 	{name: "ix_lb", algo: "leaky_bucket", paths: []string{"/lb"}, events: 4, window: ixWindow, onError: "allow"},
 	{name: "ix_ban", algo: "token_bucket", paths: []string{"/ban"}, events: 2, window: ixWindow, ban: 10 * time.Minute},
@@ -1144,6 +1144,30 @@ func ixExceeds(z ixZone, events int64, adm []ixAdmission, grants []ixGrant) stri
 			}
 		}
 	case "sliding_log":
+		// A grant lasts W from when it was made, and one made while
+		// another lasts adds to it and lasts W from then: the grants
+		// whose calls overlap in such a chain add up until W after the
+		// chain's last call ended.
+		sort.Slice(grants, func(i, j int) bool { return grants[i].from < grants[j].from })
+		logGrant := func(at int64) int64 {
+			var g, end int64
+			for _, gr := range grants {
+				if gr.from >= end { // a new chain
+					if at < end {
+						return g
+					}
+					g = 0
+				}
+				if gr.from <= at {
+					g += gr.amount
+				}
+				end = max(end, gr.to+w)
+			}
+			if at < end {
+				return g
+			}
+			return 0
+		}
 		for j := range adm {
 			var sum int64
 			for i := 0; i <= j; i++ {
@@ -1151,8 +1175,8 @@ func ixExceeds(z ixZone, events int64, adm []ixAdmission, grants []ixGrant) stri
 					sum += adm[i].cost
 				}
 			}
-			if sum > events {
-				return fmt.Sprintf("sliding_log: cost %d in the window before %d, at most %d", sum, adm[j].at, events)
+			if g := logGrant(adm[j].at); sum > events+g {
+				return fmt.Sprintf("sliding_log: cost %d in the window before %d, at most %d and %d granted", sum, adm[j].at, events, g)
 			}
 		}
 	case "sliding_window":
@@ -1167,6 +1191,8 @@ func ixExceeds(z ixZone, events int64, adm []ixAdmission, grants []ixGrant) stri
 					cur += float64(adm[i].cost)
 				}
 			}
+			// What the previous window's grants admitted does not weigh.
+			prev = max(0, prev-float64(granted(k-1)))
 			elapsed := float64(adm[j].at-k*w) / float64(w)
 			if est, g := prev*(1-elapsed)+cur, float64(granted(k)); est > n+g+0.01 {
 				return fmt.Sprintf("sliding_window: estimate %g at %d, at most %g and %g granted", est, adm[j].at, n, g)
