@@ -670,6 +670,10 @@ func (r *ixRun) hold(s ixStep, step int) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.url(s.instance, "/hold"), nil)
 	req.Header.Set("X-Client", r.key(s.key))
 	req.Header.Set("X-Hold", id)
+	// Its connection is not kept: a hold may outlive a reload, and a
+	// connection to the old servers back in the client's pool would have
+	// a later request decided by the old config (see load).
+	req.Close = true
 	if r.outage {
 		req.Header.Set("X-Outage", "1")
 	}
