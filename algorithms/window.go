@@ -118,15 +118,16 @@ func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64) Deci
 // twin compares them in 26-bit limbs), so that no rounding admits more.
 func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 	now = l.roll(s, now)
-	limit := l.Events*Milli + l.granted(s)
+	g := max(0, -s.Head) // the grant (see State)
+	limit := l.Events*Milli + g
 	e := now - s.At
 	toNext := l.Window - e
 	weighted := l.weight(s.Prev, toNext)
 	if weighted+s.Level+cost > limit {
 		return Decision{
 			Remaining: max(0, limit-weighted-s.Level) / Milli,
-			Reset:     l.slidingReset(s, toNext),
-			Wait:      l.slidingWait(s, e, cost),
+			Reset:     l.slidingReset(s, toNext, g),
+			Wait:      l.slidingWait(s, e, cost, g),
 			At:        now,
 		}
 	}
@@ -136,13 +137,14 @@ func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 	return Decision{
 		Allowed:   true,
 		Remaining: (limit - weighted - s.Level) / Milli,
-		Reset:     l.slidingReset(s, toNext),
+		Reset:     l.slidingReset(s, toNext, g),
 		At:        now,
 	}
 }
 
-func (l *Limit) slidingReset(s *State, toNext int64) int64 {
-	g := l.granted(s)
+// slidingReset is the µs until a sliding_window whose window ends toNext
+// µs from now, granted g, is fresh.
+func (l *Limit) slidingReset(s *State, toNext, g int64) int64 {
 	switch {
 	case s.Level > g:
 		return toNext + l.Window
@@ -194,9 +196,8 @@ func mulCmp(a, b, c, d int64) int {
 // slidingWait is the µs until a rejected request of cost fits: until the
 // previous window's weight has decayed enough, or, when this window alone
 // is too full, into the next window until this window's weight has.
-func (l *Limit) slidingWait(s *State, e, cost int64) int64 {
+func (l *Limit) slidingWait(s *State, e, cost, g int64) int64 {
 	limit := l.Events * Milli
-	g := l.granted(s)
 	if room := limit + g - s.Level - cost; room >= 0 {
 		// It fits at the latest at the next window start (the weight is 0
 		// at e' = W) and not now, at e.
