@@ -11,8 +11,11 @@ import (
 // milli-units, to actual milli-units, under the key's shard lock (see
 // algorithms.Limit.Settle). A give-back to a key evicted or swept
 // meanwhile gives nothing; an excess owed by such a key starts it again,
-// owing. A key reset at or after taken.At settles nothing: the reset gave
-// the reservation back and forgave what the key owed (see Undo).
+// owing. A key reset since taken.At settles nothing: the reset gave the
+// reservation back and forgave what the key owed (see Undo). At the
+// reset's very µs the charge may have come before it or after: a
+// give-back then gives nothing (it must not mint), an excess is owed (it
+// must not be forgiven).
 func (s *Store) Settle(_ context.Context, key string, now, reserved, actual int64, taken algorithms.Decision) error {
 	if actual == reserved || s.limit.Kind == algorithms.Concurrency {
 		return nil
@@ -20,7 +23,11 @@ func (s *Store) Settle(_ context.Context, key string, now, reserved, actual int6
 	now = s.at(now)
 	h, sh := s.locate(key)
 	sh.mu.Lock()
-	if s.resets.any.Load() && s.resets.since(key, taken.At, now) {
+	at := taken.At
+	if actual > reserved {
+		at++ // a reset strictly after the charge forgives it
+	}
+	if s.resets.any.Load() && s.resets.since(key, at, now) {
 		sh.mu.Unlock()
 		return nil
 	}

@@ -55,6 +55,12 @@ func TestResetThenUndoParity(t *testing.T) {
 		// Of a take since the reset, both count.
 		{"settled to nothing, post", []resetStep{{'T', 0, 0}, {'R', 1, 0}, {'T', 1, 0}, {'T', 1, 0}, {'S', 1, 2}, {'T', 1, 0}}, true},
 		{"excess owed, post", []resetStep{{'R', 0, 0}, {'T', 1, 0}, {'O', 1, 0}, {'T', 1, 0}}, false},
+		// A take in the reset's µs may have come before it or after: its
+		// give-back gives nothing, its excess is owed (before, it was
+		// forgiven, and a request owing 6 was followed by another).
+		{"settled to nothing at the reset's µs", []resetStep{{'T', 0, 0}, {'R', 1, 0}, {'T', 0, 0}, {'T', 1, 0}, {'S', 1, 1}, {'T', 1, 0}}, false},
+		{"excess owed at the reset's µs", []resetStep{{'T', 0, 0}, {'R', 1, 0}, {'T', 0, 0}, {'O', 1, 1}, {'T', 1, 0}}, false},
+		{"excess owed at the reset's µs, the take first", []resetStep{{'T', 0, 0}, {'R', 0, 0}, {'O', 1, 0}, {'T', 1, 0}}, false},
 	}
 	kinds := []algorithms.Kind{algorithms.FixedWindow, algorithms.SlidingWindow, algorithms.SlidingLog,
 		algorithms.TokenBucket, algorithms.GCRA, algorithms.LeakyBucket}

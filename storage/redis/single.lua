@@ -19,7 +19,7 @@
 -- state held, if the clock ran backwards) in KEYS[2]: an undo of a charge
 -- made at or before the mark gives nothing back (the reset gave it back),
 -- so that it cannot take from what the key was charged since; nor is an
--- excess settled ('o') for such a charge (the reset forgave it). The mark
+-- excess settled ('o') for a charge made before it (the reset forgave it). The mark
 -- is kept as long as a charge counts (storage.Horizon).
 slack = tonumber(ARGV[3])
 local op = ARGV[1]
@@ -38,7 +38,11 @@ if (op == 'x' or op == 'u' or op == 'o') and KEYS[2] then
 		redis.call('SET', KEYS[2], now, 'PX', tonumber(ARGV[4]) + slack)
 		return {redis.call('DEL', KEYS[1])}
 	end
-	if (op == 'u' or op == 'o') and mark and tonumber(ARGV[5]) <= mark then
+	-- At the mark's very µs the charge may have come before the reset or
+	-- after: a give-back then gives nothing (it must not mint), an
+	-- excess is owed (it must not be forgiven).
+	local ta = tonumber(ARGV[5])
+	if mark and (op == 'u' and ta <= mark or op == 'o' and ta < mark) then
 		return {} -- reset since: the reset gave back, and forgave, the charge
 	end
 end
