@@ -67,14 +67,9 @@ func findKey(doc []byte, i int, key string) (int, bool) {
 		if string(name) == key {
 			return i, true
 		}
-		if i, ok = skipValue(doc, i); !ok {
+		if i, ok = nextItem(doc, i); !ok {
 			return 0, false
 		}
-		i = skipSpace(doc, i)
-		if i >= len(doc) || doc[i] != ',' {
-			return 0, false
-		}
-		i++
 	}
 }
 
@@ -89,15 +84,25 @@ func findIndex(doc []byte, i, n int) (int, bool) {
 			return i, true
 		}
 		var ok bool
-		if i, ok = skipValue(doc, i); !ok {
+		if i, ok = nextItem(doc, i); !ok {
 			return 0, false
 		}
-		i = skipSpace(doc, i)
-		if i >= len(doc) || doc[i] != ',' {
-			return 0, false
-		}
-		i++
 	}
+}
+
+// nextItem skips the value at i of an object or array and the comma
+// after it, and returns where the next member or element starts; false
+// at the container's end or on anything else.
+func nextItem(doc []byte, i int) (int, bool) {
+	i, ok := skipValue(doc, i)
+	if !ok {
+		return 0, false
+	}
+	i = skipSpace(doc, i)
+	if i >= len(doc) || doc[i] != ',' {
+		return 0, false
+	}
+	return i + 1, true
 }
 
 // skipValue returns the position after the value at i.
