@@ -278,6 +278,9 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 	}
 	if rate {
 		at["events"], at["window"] = at["rate"], at["rate"]
+		if z.Algorithm == "" { // a rate reads as a refill rate: a bucket
+			z.Algorithm = "token_bucket"
+		}
 	}
 	if tok, ok := at["tier"]; ok {
 		at["tiers"], at["tier_key"] = tok, tok

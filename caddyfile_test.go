@@ -54,7 +54,7 @@ func TestValidateRejectsBadInput(t *testing.T) {
 		{"default_cost negative", zone("rate 5/s\ndefault_cost -2"), "default_cost: must be a finite number >= 0, got -2"},
 		{"max_delay on token bucket", zone("rate 5/s\nmax_delay 1s"), "max_delay: only leaky_bucket can delay requests"},
 		{"on_storage_error unknown", zone("rate 5/s\non_storage_error panic"), `on_storage_error: must be allow, deny or local, got "panic"`},
-		{"rate too fine", zone("events 2000000\nwindow 1s"), "more than one per microsecond"},
+		{"rate too fine", zone("algorithm token_bucket\nevents 2000000\nwindow 1s"), "more than one per microsecond"},
 		{"zone name", site("zone bad/name {\nrate 5/s\n}"), `zone name "bad/name"`},
 		{"distributed", site("zone z {\nrate 5/s\n}\ndistributed"), "use the redis storage"},
 		{"storage unknown", site("zone z {\nrate 5/s\n}\nstorage floppy"), "floppy"},

@@ -110,6 +110,9 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 			}
 		}
 		key := z.resolveKey(r, repl)
+		if key == "" {
+			z.emptyKey.note(h.logger, z)
+		}
 		if len(z.parts) == 1 {
 			results = append(results, result{z: rate, key: key, cost: z.resolveCost(repl)})
 			continue

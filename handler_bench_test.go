@@ -66,16 +66,16 @@ func BenchmarkServeHTTP(b *testing.B) {
 		hdrs    []string
 		metrics bool
 	}{
-		{"key=client_ip/headers=ietf", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
-		{"key=client_ip/headers=ietf/metrics=on", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, true},
-		{"key=client_ip/headers=none", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}, false},
-		{"key=client_ip/headers=none/metrics=on", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}, true},
+		{"key=client_ip/headers=ietf", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
+		{"key=client_ip/headers=ietf/metrics=on", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, true},
+		{"key=client_ip/headers=none", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}, false},
+		{"key=client_ip/headers=none/metrics=on", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}, true},
 		{"key=header/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
 		{"key=header/cost=query/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Cost: "{http.request.uri.query.weight}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
 		// The same zone with each of the other limits: what they cost.
-		{"key=client_ip/headers=ietf/ban", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), Ban: caddy.Duration(3600e9)}, nil, false},
-		{"key=client_ip/headers=ietf/concurrency", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), Concurrency: 1 << 20}, nil, false},
-		{"key=client_ip/headers=ietf/tier", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), TierKey: "{http.request.header.X-API-Key}",
+		{"key=client_ip/headers=ietf/ban", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), Ban: caddy.Duration(3600e9)}, nil, false},
+		{"key=client_ip/headers=ietf/concurrency", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), Concurrency: 1 << 20}, nil, false},
+		{"key=client_ip/headers=ietf/tier", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), TierKey: "{http.request.header.X-API-Key}",
 			Tiers: map[string]*Tier{"key-0": {Events: 1 << 30, Window: caddy.Duration(7200e9)}}}, nil, false},
 	}
 	for _, c := range cases {
@@ -136,7 +136,7 @@ func TestAllowedPathAllocations(t *testing.T) {
 				metricsEnabled = func(caddy.Context) bool { return true }
 				defer func() { metricsEnabled = httpMetricsEnabled }()
 			}
-			z := Zone{Events: c.events, Window: caddy.Duration(3600e9)}
+			z := Zone{Algorithm: "token_bucket", Events: c.events, Window: caddy.Duration(3600e9)}
 			h := &Handler{RateLimits: map[string]*Zone{"allocs": &z}, Headers: c.hdrs}
 			provisionBench(t, h)
 			req := benchRequests(1)[0]
@@ -194,7 +194,7 @@ func allocated(f func()) (allocs, bytes float64) {
 // replacer once did.
 func TestDecisionAsksTheReplacerNothing(t *testing.T) {
 	for _, key := range []string{"", "{http.request.header.X-API-Key}"} {
-		z := Zone{Key: key, Events: 1, Window: caddy.Duration(3600e9)}
+		z := Zone{Key: key, Algorithm: "token_bucket", Events: 1, Window: caddy.Duration(3600e9)}
 		h := &Handler{RateLimits: map[string]*Zone{"asks": &z}}
 		provisionBench(t, h)
 		for i, status := range []int{200, 429} {
@@ -237,9 +237,9 @@ func TestAdmittedRequestGoesOnFromServeHTTP(t *testing.T) {
 		zone     Zone
 		fromGate bool
 	}{
-		{"rate", Zone{Events: 1000, Window: caddy.Duration(3600e9)}, false},
-		{"rate and ban", Zone{Events: 1000, Window: caddy.Duration(3600e9), Ban: caddy.Duration(3600e9)}, false},
-		{"concurrency", Zone{Events: 1000, Window: caddy.Duration(3600e9), Concurrency: 4}, true},
+		{"rate", Zone{Algorithm: "token_bucket", Events: 1000, Window: caddy.Duration(3600e9)}, false},
+		{"rate and ban", Zone{Algorithm: "token_bucket", Events: 1000, Window: caddy.Duration(3600e9), Ban: caddy.Duration(3600e9)}, false},
+		{"concurrency", Zone{Algorithm: "token_bucket", Events: 1000, Window: caddy.Duration(3600e9), Concurrency: 4}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			z := c.zone

@@ -24,9 +24,9 @@ type step struct {
 
 // mholtCorpus is what each file of testdata/mholt (mholt/caddy-ratelimit's
 // published examples, see its NOTICE) must do in Tollgate. The clock does
-// not move during a file's steps, and every zone's default algorithm is
-// token_bucket with a burst of events: a key gets events requests, then a
-// 429.
+// not move during a file's steps, and every zone is written with events
+// and window, so is a sliding_log as in mholt: a key gets events requests,
+// then a 429.
 var mholtCorpus = map[string]struct {
 	distributed bool // uses distributed: an error, then run without it
 	steps       []step
@@ -207,4 +207,63 @@ func send(t *testing.T, tester *caddytest.Tester, method, path string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// TestDefaultAlgorithmByHowTheZoneIsWritten: a zone written as mholt
+// writes it (events and window, no algorithm) means what it means there,
+// at most events in any window (a sliding log): 5 a minute, and 12s after
+// them the 6th is refused until the first is a minute old. A zone written
+// with rate, or with a burst, is a token bucket: 12s after 5 requests it
+// has refilled one. Each zone is checked from a Caddyfile and from JSON.
+func TestDefaultAlgorithmByHowTheZoneIsWritten(t *testing.T) {
+	for _, c := range []struct {
+		name, zone, json string
+		after12s         want // the 6th request, 12s after the first 5
+	}{
+		{"events and window", "events 5\n\t\t\t\twindow 1m", `"events": 5, "window": "1m"`,
+			want{429, map[string]string{"Retry-After": "48", "RateLimit": `"z";r=0;t=48`}, ""}},
+		{"max_events (mholt's JSON)", "", `"max_events": 5, "window": "1m"`,
+			want{429, map[string]string{"Retry-After": "48", "RateLimit": `"z";r=0;t=48`}, ""}},
+		{"rate", "rate 5/m", "",
+			want{200, map[string]string{"Retry-After": "", "RateLimit": `"z";r=0;t=60`}, ""}},
+		{"events, window and burst", "events 5\n\t\t\t\twindow 1m\n\t\t\t\tburst 5", `"events": 5, "window": "1m", "burst": 5`,
+			want{200, map[string]string{"Retry-After": "", "RateLimit": `"z";r=0;t=60`}, ""}},
+	} {
+		configs := map[string]string{}
+		if c.zone != "" {
+			configs["caddyfile"] = globalOptions + `
+			localhost:9080 {
+				rate_limit {
+					zone z {
+						key static
+						` + c.zone + `
+					}
+				}
+				respond "ok"
+			}`
+		}
+		if c.json != "" {
+			configs["json"] = string(runnableJSON(t, `{"handler": "rate_limit", "rate_limits": {"z": {"key": "static", `+c.json+`}}}, {"handler": "static_response", "body": "ok"}`))
+		}
+		for adapter, cfg := range configs {
+			t.Run(c.name+"/"+adapter, func(t *testing.T) {
+				tester := caddytest.NewTester(t)
+				tester.InitServer(cfg, adapter)
+				advance(time.Hour) // the zone of the case before is whole again
+				if got := statuses(t, tester, 6, []string{"/"}); got != "200 200 200 200 200 429 " {
+					t.Fatalf("6 requests at once: %q, want 5 admitted", got)
+				}
+				advance(12 * time.Second)
+				resp, body := get(t, tester, "/")
+				check(t, "12s later", resp, body, c.after12s)
+			})
+		}
+	}
+}
+
+// runnableJSON is a JSON config serving handlers (a JSON list's items)
+// on the test ports.
+func runnableJSON(t *testing.T, handlers string) []byte {
+	t.Helper()
+	return runnable(t, []byte(`{"apps": {"http": {"servers": {"s": {"listen": [":80"], "routes": [{"handle": [`+handlers+`]}]}}}}}`))
 }

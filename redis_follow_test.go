@@ -116,6 +116,7 @@ func TestLocalCopyFollowsAResetElsewhere(t *testing.T) {
 	tester.InitServer(redisSiteWithTimeout(srv.Addr, "100ms", `
 			zone elsewhere {
 				key {http.request.header.X-Client}
+				algorithm token_bucket
 				events 3
 				window 1000h
 			}`), "caddyfile")

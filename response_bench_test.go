@@ -37,10 +37,10 @@ func BenchmarkServeHTTPResponse(b *testing.B) {
 		zone Zone
 		next caddyhttp.Handler
 	}{
-		{"plain", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9)}, statusNext(200, "")},
-		{"count_response/matching", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), CountResponse: matcher}, statusNext(401, "")},
-		{"count_response/give-back", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), CountResponse: matcher}, statusNext(200, "")},
-		{"cost_response/header", Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), CostResponse: "{http.response.header.X-Usage}"}, statusNext(200, "3")},
+		{"plain", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}, statusNext(200, "")},
+		{"count_response/matching", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), CountResponse: matcher}, statusNext(401, "")},
+		{"count_response/give-back", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), CountResponse: matcher}, statusNext(200, "")},
+		{"cost_response/header", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), CostResponse: "{http.response.header.X-Usage}"}, statusNext(200, "3")},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -96,7 +96,7 @@ func BenchmarkStreamScan(b *testing.B) {
 	})
 	for _, scan := range []bool{false, true} {
 		b.Run("scan="+map[bool]string{false: "off", true: "on"}[scan], func(b *testing.B) {
-			z := Zone{Key: "static", Events: 1 << 30, Window: caddy.Duration(3600e9)}
+			z := Zone{Key: "static", Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}
 			if scan {
 				z.CostResponse = "{http.rate_limit.response.json.usage.total_tokens}"
 			}

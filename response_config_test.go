@@ -34,7 +34,7 @@ func TestResponseOptionsBadValues(t *testing.T) {
 		{"cost_response on sliding_log", "zone z {\n\talgorithm sliding_log\n\trate 5/m\n\tcost_response {http.response.size} # <-\n}",
 			`"rate_limits": {"z": {"algorithm": "sliding_log", "events": 5, "window": "1m", "cost_response": "{http.response.size}"}}`, "cost_response: sliding_log keeps one timestamp per admitted event"},
 		{"cost_response empty json path", "zone z {\n\trate 5/m\n\tcost_response {http.rate_limit.response.json.usage..total} # <-\n}",
-			`"rate_limits": {"z": {"events": 5, "window": "1m", "cost_response": "{http.rate_limit.response.json.usage..total}"}}`, "has no empty segment"},
+			`"rate_limits": {"z": {"algorithm": "token_bucket", "events": 5, "window": "1m", "cost_response": "{http.rate_limit.response.json.usage..total}"}}`, "has no empty segment"},
 		{"cost_response twice", "zone z {\n\trate 5/m\n\tcost_response {http.response.size}\n\tcost_response {http.response.size} # <-\n}",
 			"", "option 'cost_response' given twice"},
 		{"cost_response no argument", "zone z {\n\trate 5/m\n\tcost_response # <-\n}",

@@ -32,8 +32,12 @@ type Zone struct {
 	// (the Caddyfile's {client_ip}), which honours trusted_proxies.
 	Key string `json:"key,omitempty"`
 
-	// Algorithm is one of token_bucket (the default), gcra, sliding_window,
-	// sliding_log, fixed_window, leaky_bucket. Default: token_bucket.
+	// Algorithm is one of token_bucket, gcra, sliding_window, sliding_log,
+	// fixed_window, leaky_bucket. Default: by how the zone is written:
+	// token_bucket in a zone with a burst (its own or a tier's), and in a
+	// Caddyfile zone written with rate; otherwise sliding_log, which is
+	// mholt/caddy-ratelimit's meaning of events and window (at most events
+	// in any window, exactly).
 	Algorithm string `json:"algorithm,omitempty"`
 
 	// Events is how many events the zone admits per Window, > 0.
@@ -243,6 +247,8 @@ type zone struct {
 
 	metrics *zoneMetrics // nil when Caddy's metrics are off
 	errLog  logThrottle  // store failures log at most once per logThrottleInterval
+	// emptyKey warns once that the zone's key resolved empty (on a base).
+	emptyKey emptyKeyWarning
 
 	role  partRole // what this part of its zone limits (see partRole)
 	base  *zone    // the zone this is a part of: the one in the handler's zones
@@ -292,11 +298,29 @@ func (zc *Zone) validate() error {
 	return err
 }
 
+// algorithm is the zone's algorithm: as written, else token_bucket beside a
+// burst (a bucket's capacity), else sliding_log (the Caddyfile adapter
+// writes token_bucket for a zone written with rate).
+func (zc *Zone) algorithm() string {
+	if zc.Algorithm != "" {
+		return zc.Algorithm
+	}
+	if zc.Burst != 0 {
+		return algorithms.TokenBucket.String()
+	}
+	for _, t := range zc.Tiers {
+		if t != nil && t.Burst != 0 {
+			return algorithms.TokenBucket.String()
+		}
+	}
+	return algorithms.SlidingLog.String()
+}
+
 // settings checks the zone's values and returns them parsed, defaults
 // applied. Its errors start with the field they are about.
 func (zc *Zone) settings() (zoneSettings, error) {
 	var s zoneSettings
-	kind, err := algorithms.ParseKind(zc.Algorithm)
+	kind, err := algorithms.ParseKind(zc.algorithm())
 	if err != nil {
 		return s, fmt.Errorf("algorithm: %w", err)
 	}
@@ -329,6 +353,10 @@ func (zc *Zone) settings() (zoneSettings, error) {
 			s.limit, err = calendarLimit(events, zc.Window, zc.months, loc)
 		} else {
 			s.limit, err = algorithms.NewLimit(kind, events, time.Duration(zc.Window), zc.Burst, time.Duration(zc.MaxDelay))
+			if err != nil && zc.Algorithm == "" && kind == algorithms.SlidingLog && events > algorithms.MaxLogEvents {
+				err = fmt.Errorf("events: a zone with events and window and no algorithm is a sliding_log (at most events in any window, exactly), which keeps a time per event and allows at most %d, got %d; set algorithm sliding_window (two counters per key) or token_bucket, or write rate",
+					algorithms.MaxLogEvents, events)
+			}
 		}
 		if err != nil {
 			if rest, ok := strings.CutPrefix(err.Error(), "events: "); ok && eventsField != "events" {
