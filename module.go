@@ -175,6 +175,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.slots = h.slots || p.role == roleSlots
 		}
 	}
+	if err := h.claimRedisZoneNames(ctx); err != nil {
+		return err
+	}
 	if h.redis != nil {
 		h.warnIfRedisUnreachable(ctx)
 	}

@@ -53,11 +53,18 @@ type block struct {
 	lang  string // the fence's info string
 	body  string // the lines inside, the fence's indentation removed
 	fails string // from a preceding <!-- fails: ... --> comment
+	// module, from a preceding <!-- module: <dir> --> comment: the block
+	// needs a Caddy module this build lacks, and the Go module in <dir>
+	// (relative to the repository) loads it.
+	module string
 }
 
 func (b block) String() string { return fmt.Sprintf("%s:%d", b.page, b.line) }
 
-var failsComment = regexp.MustCompile(`^<!--\s*fails:\s*(.*?)\s*-->$`)
+var (
+	failsComment  = regexp.MustCompile(`^<!--\s*fails:\s*(.*?)\s*-->$`)
+	moduleComment = regexp.MustCompile(`^<!--\s*module:\s*(\S+)\s*-->$`)
+)
 
 // blocks returns the fenced code blocks of a page.
 func blocks(t *testing.T, page string) []block {
@@ -82,6 +89,9 @@ func blocks(t *testing.T, page string) []block {
 			}
 			if m := failsComment.FindStringSubmatch(prev); m != nil {
 				b.fails = m[1]
+			}
+			if m := moduleComment.FindStringSubmatch(prev); m != nil {
+				b.module = m[1]
 			}
 			break
 		}
@@ -218,6 +228,13 @@ func TestExamplesLoad(t *testing.T) {
 			if b.lang != "caddyfile" && b.lang != "json" {
 				continue
 			}
+			if b.module != "" {
+				// Loaded by that module's tests; it must be one.
+				if _, err := os.Stat(filepath.Join("..", b.module, "go.mod")); err != nil {
+					t.Errorf("%s: <!-- module: %s -->: %v", b, b.module, err)
+				}
+				continue
+			}
 			n++
 			body := b.body
 			if b.lang == "caddyfile" {
@@ -228,6 +245,36 @@ func TestExamplesLoad(t *testing.T) {
 	}
 	if n < 10 {
 		t.Errorf("found %d caddyfile and json examples; the pages have more", n)
+	}
+}
+
+// otherLangs are the fence languages of blocks that are not configs.
+var otherLangs = []string{"sh", "console", "text", "promql", "dockerfile"}
+
+// configLike matches a Caddyfile or JSON config of Tollgate: the
+// directive with a block, or the handler in JSON; synopsis, a syntax
+// summary, which has <placeholders> and cannot load.
+var (
+	configLike = regexp.MustCompile(`(?m)^\s*rate_limit(\s+\S+)?\s*\{|"handler"\s*:\s*"rate_limit"`)
+	synopsis   = regexp.MustCompile(`<[a-z_]+>`)
+)
+
+// TestEveryConfigBlockIsLoaded: TestExamplesLoad loads the caddyfile and
+// json blocks, so a config in a block of another language (or of none)
+// would never be loaded: every block has a language of caddyfile, json or
+// otherLangs, and one in otherLangs holds no rate_limit config but a
+// syntax summary.
+func TestEveryConfigBlockIsLoaded(t *testing.T) {
+	for _, page := range pages(t) {
+		for _, b := range blocks(t, page) {
+			switch {
+			case b.lang == "caddyfile" || b.lang == "json":
+			case !contains(otherLangs, b.lang):
+				t.Errorf("%s: a block of language %q, which the tests neither load nor know: label a config caddyfile or json (else one of %v)", b, b.lang, otherLangs)
+			case configLike.MatchString(b.body) && !synopsis.MatchString(b.body):
+				t.Errorf("%s: a %s block holds a rate_limit config, which only a caddyfile or json block is loaded as", b, b.lang)
+			}
+		}
 	}
 }
 
