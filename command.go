@@ -58,6 +58,15 @@ func init() {
 			cmd.PersistentFlags().String("address", "", "The address of Caddy's admin API, if not the default")
 			cmd.PersistentFlags().String("tier", "", "In a zone with tiers, the tier whose state to show or reset (reset: every tier without it)")
 			cmd.PersistentFlags().Bool("json", false, "Print the admin API's JSON answer, for scripts")
+			// Without a subcommand, the help; with a word that is none, an
+			// error naming it (cobra would print the help and exit 0).
+			cmd.Args = cobra.ArbitraryArgs
+			cmd.RunE = func(cmd *cobra.Command, args []string) error {
+				if len(args) == 0 {
+					return cmd.Help()
+				}
+				return fmt.Errorf("unknown subcommand %q (want one of %s; see caddy rate-limit help)", args[0], subcommandNames())
+			}
 			for _, sub := range cliSubcommands {
 				cmd.AddCommand(&cobra.Command{
 					Use:     strings.Join(append([]string{sub.name}, sub.args...), " "),
@@ -78,6 +87,15 @@ func init() {
 			}
 		},
 	})
+}
+
+// subcommandNames lists the subcommands, for errors: "zones, show, ...".
+func subcommandNames() string {
+	names := make([]string, len(cliSubcommands))
+	for i, sub := range cliSubcommands {
+		names[i] = sub.name
+	}
+	return strings.Join(names, ", ")
 }
 
 // cliHelp lists the subcommands with an example each, for `help` and the

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -435,6 +437,51 @@ func TestGrantAmountChecked(t *testing.T) {
 		_, err := runCLI(t, "--address", "localhost:1", "grant", "--", "z", "k", amount)
 		if err == nil || !strings.Contains(err.Error(), "grant: amount must be a number of events > 0") {
 			t.Errorf("grant z k %s: %v, want the amount refused", amount, err)
+		}
+	}
+}
+
+// cliChildEnv, when set, makes the test binary Caddy's command line
+// (caddycmd.Main) run with the arguments it holds, separated by spaces
+// (see TestMain): the exit status as a user sees it, without building a
+// binary.
+const cliChildEnv = "TOLLGATE_TEST_CHILD_CLI"
+
+// runChildCLI runs Caddy's command line with args and exits with its
+// status.
+func runChildCLI(args string) {
+	os.Args = append([]string{"caddy"}, strings.Fields(args)...)
+	caddycmd.Main()
+	os.Exit(0)
+}
+
+// TestRateLimitCommandUnknownSubcommand: `caddy rate-limit bogus a b`
+// exits non-zero with an error naming bogus; `caddy rate-limit` alone
+// prints the help and exits 0.
+func TestRateLimitCommandUnknownSubcommand(t *testing.T) {
+	for _, c := range []struct {
+		args     string
+		exit     int
+		contains string
+	}{
+		{"rate-limit bogus a b", 1, `unknown subcommand "bogus"`},
+		{"rate-limit", 0, "caddy rate-limit zones"},
+	} {
+		self, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(self)
+		cmd.Env = append(os.Environ(), cliChildEnv+"="+c.args)
+		out, err := cmd.CombinedOutput()
+		exit := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			exit = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("caddy %s: %v", c.args, err)
+		}
+		if exit != c.exit || !strings.Contains(string(out), c.contains) {
+			t.Errorf("caddy %s: exit %d, output:\n%s\nwant exit %d and %q", c.args, exit, out, c.exit, c.contains)
 		}
 	}
 }

@@ -33,6 +33,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(childEnv); path != "" {
 		runChildCaddy(path) // a Caddy instance for a test to kill
 	}
+	if args := os.Getenv(cliChildEnv); args != "" {
+		runChildCLI(args) // Caddy's command line, for its exit status
+	}
 	caddytest.Default.AdminPort = testAdminPort
 	ln, err := net.Listen("tcp", testAdmin)
 	if err != nil {
