@@ -70,8 +70,8 @@ func BenchmarkServeHTTP(b *testing.B) {
 		{"key=client_ip/headers=ietf/metrics=on", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, true},
 		{"key=client_ip/headers=none", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}, false},
 		{"key=client_ip/headers=none/metrics=on", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}, []string{"none"}, true},
-		{"key=header/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
-		{"key=header/cost=query/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Cost: "{http.request.uri.query.weight}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
+		{"key=header/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
+		{"key=header/cost=query/headers=ietf", Zone{Key: "{http.request.header.X-API-Key}", Algorithm: "token_bucket", Cost: "{http.request.uri.query.weight}", Events: 1 << 30, Window: caddy.Duration(3600e9)}, nil, false},
 		// The same zone with each of the other limits: what they cost.
 		{"key=client_ip/headers=ietf/ban", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), Ban: caddy.Duration(3600e9)}, nil, false},
 		{"key=client_ip/headers=ietf/concurrency", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), Concurrency: 1 << 20}, nil, false},
