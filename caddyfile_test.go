@@ -59,6 +59,9 @@ func TestValidateRejectsBadInput(t *testing.T) {
 		{"distributed", site("zone z {\nrate 5/s\n}\ndistributed"), "use the redis storage"},
 		{"storage unknown", site("zone z {\nrate 5/s\n}\nstorage floppy"), "floppy"},
 		{"no zones", site("jitter 0.1"), "at least one zone is required"},
+		// mholt v0.1.0 ignored both, limiting every request.
+		{"match outside a zone", site("match {\npath /api/*\n}\nzone z {\nrate 5/s\n}"), "unrecognized subdirective 'match'"},
+		{"unknown zone option", zone("rate 5/s\nevent 10"), "zone 'z': unrecognized subdirective 'event'"},
 		{"sliding_log too many events", zone("algorithm sliding_log\nevents 200000\nwindow 1h"), "events: sliding_log keeps one timestamp per event and allows at most 100000, got 200000"},
 		{"burst on a window algorithm", zone("algorithm fixed_window\nrate 5/s\nburst 10"), "burst: fixed_window has no bucket"},
 	}
