@@ -131,9 +131,10 @@ func BenchmarkStreamScan(b *testing.B) {
 
 // TestBodyScannerHoldsBounded feeds the scanner a 10 MB event stream in
 // writes of every size, one event far over the bound, and a JSON body
-// over its bound, and checks what it keeps: at most one event's bound of
-// line and data, nothing of a JSON body past its bound, and the usage of
-// the last event that holds it.
+// over its bound (plain, and gzip), and checks what it keeps: at most one
+// event's bound of line and data, nothing of a JSON body past its bound,
+// and the usage of the last event that holds it; and that a body in an
+// encoding it does not read keeps the estimate.
 func TestBodyScannerHoldsBounded(t *testing.T) {
 	sse := http.Header{"Content-Type": {"text/event-stream"}}
 	var body strings.Builder
@@ -171,11 +172,29 @@ func TestBodyScannerHoldsBounded(t *testing.T) {
 	if j.mode != scanOff || cap(j.buf) != 0 {
 		t.Errorf("a JSON body over %d bytes: mode %d, %d bytes held; want the scan off and nothing held", maxJSONScan, j.mode, cap(j.buf))
 	}
-	gz := newBodyScanner([]string{"usage.total_tokens"})
-	gz.feed(http.Header{"Content-Encoding": {"gzip"}, "Content-Type": {"application/json"}}, []byte(`{"usage":{"total_tokens":3}}`))
-	repl = caddy.NewReplacer()
-	gz.finish(repl)
-	if got, ok := repl.GetString(jsonPlaceholder + "usage.total_tokens"); ok {
-		t.Errorf("a compressed body: usage.total_tokens = %q, want unset (the estimate kept)", got)
+	// A compressed body is read as it decompresses, within the same
+	// bound: 2 MiB of spaces compressed to a few KiB is over it.
+	read := func(h http.Header, body []byte) (string, bool) {
+		s := newBodyScanner([]string{"usage.total_tokens"})
+		for i := 0; i < len(body); i += 1000 {
+			s.feed(h, body[i:min(len(body), i+1000)])
+		}
+		repl := caddy.NewReplacer()
+		s.finish(repl)
+		return repl.GetString(jsonPlaceholder + "usage.total_tokens")
+	}
+	gzipJSON := http.Header{"Content-Encoding": {"gzip"}, "Content-Type": {"application/json"}}
+	if got, _ := read(gzipJSON, compress(t, "gzip", `{"usage":{"total_tokens":3}}`)); got != "3" {
+		t.Errorf("a gzip body: usage.total_tokens = %q, want 3", got)
+	}
+	bomb := compress(t, "gzip", `{"usage":{"total_tokens":3}}`+strings.Repeat(" ", 2*maxJSONScan))
+	if got, ok := read(gzipJSON, bomb); ok {
+		t.Errorf("a gzip body of %d bytes decompressing past the bound: usage.total_tokens = %q, want unset", len(bomb), got)
+	}
+	for _, enc := range []string{"deflate", "gzip, br"} {
+		h := http.Header{"Content-Encoding": {enc}, "Content-Type": {"application/json"}}
+		if got, ok := read(h, []byte(`{"usage":{"total_tokens":3}}`)); ok {
+			t.Errorf("Content-Encoding %s: usage.total_tokens = %q, want unset (the estimate kept)", enc, got)
+		}
 	}
 }
