@@ -92,9 +92,16 @@ func findKey(doc []byte, i int, key string) (int, bool) {
 // escape is decoded (a surrogate pair to its rune), and a byte that is not
 // UTF-8 or a lone surrogate reads as U+FFFD. Without allocating.
 func keyIs(raw []byte, key string) bool {
-	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
-		return string(raw) == key
+	for _, c := range raw {
+		if c == '\\' || c >= utf8.RuneSelf {
+			return decodesTo(raw, key)
+		}
 	}
+	return string(raw) == key // plain ASCII: itself
+}
+
+// decodesTo is keyIs for a key with escapes or bytes beyond ASCII.
+func decodesTo(raw []byte, key string) bool {
 	var enc [utf8.UTFMax]byte
 	for len(raw) > 0 {
 		var r rune

@@ -56,7 +56,7 @@ func paddedUsageUpstream(t *testing.T) *httptest.Server {
 }
 
 // compress encodes body in enc (gzip, zstd or br).
-func compress(t *testing.T, enc, body string) []byte {
+func compress(t testing.TB, enc, body string) []byte {
 	var buf bytes.Buffer
 	var w io.WriteCloser
 	switch enc {
