@@ -296,11 +296,20 @@ func TestRequestJSONReadOnlyWhereApplied(t *testing.T) {
 // TestRemainingNeverNegative: after an answer owes an excess (X-Usage
 // 1000 against 100 an hour), every algorithm that settles reports 0
 // remaining, not below, in RateLimit's r, X-RateLimit-Remaining,
-// {http.rate_limit.remaining} and the admin API.
+// {http.rate_limit.remaining} and the admin API, on memory and Redis.
 func TestRemainingNeverNegative(t *testing.T) {
 	up := usageUpstream(t)
-	for _, alg := range []string{"token_bucket", "gcra", "leaky_bucket", "sliding_window", "fixed_window"} {
-		t.Run(alg, func(t *testing.T) {
+	stores := multiZoneStores(t)
+	redis := stores["redis"](t)
+	for _, c := range []struct{ store, alg string }{
+		{"", "token_bucket"}, {"", "gcra"}, {"", "leaky_bucket"}, {"", "sliding_window"}, {"", "fixed_window"},
+		{redis, "token_bucket"}, {redis, "fixed_window"}, {redis, "sliding_window"},
+	} {
+		alg, name := c.alg, c.alg+"/memory"
+		if c.store != "" {
+			name = c.alg + "/redis"
+		}
+		t.Run(name, func(t *testing.T) {
 			tester := caddytest.NewTester(t)
 			tester.InitServer(globalOptions+`
 	localhost:9080 {
@@ -314,10 +323,11 @@ func TestRemainingNeverNegative(t *testing.T) {
 				cost_response {http.response.header.X-Usage}
 			}
 			headers ietf x-ratelimit
+			`+c.store+`
 		}
 		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
 	}`, "caddyfile")
-			client := "X-Client: owes-" + alg
+			client := "X-Client: owes-" + strings.ReplaceAll(name, "/", "-")
 			resp, _ := get(t, tester, "/", client, "X-Usage: 1000")
 			check(t, "the answer that owes", resp, "", want{status: 200})
 			for _, step := range []string{"next", "again"} {
@@ -331,7 +341,7 @@ func TestRemainingNeverNegative(t *testing.T) {
 				}
 			}
 			var st keyState
-			if code := adminDo(t, "GET", "/rate_limit/zones/usage/keys/owes-"+alg, &st); code != 200 || st.Remaining != 0 {
+			if code := adminDo(t, "GET", "/rate_limit/zones/usage/keys/"+strings.TrimPrefix(client, "X-Client: "), &st); code != 200 || st.Remaining != 0 {
 				t.Errorf("admin API: %d, remaining %d; want 200, remaining 0", code, st.Remaining)
 			}
 		})
