@@ -1,9 +1,11 @@
 package tollgate
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -97,4 +99,58 @@ func BenchmarkBodyScanner(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestReadJSONDocument: the request's JSON is read until its document
+// ends and no further, however the body arrives (a byte a read here):
+// what follows the document is not asked for, strings and escapes that
+// hold brackets do not end it, and a body that is not one document is
+// read to its end (or the bound) and ends nothing.
+func TestReadJSONDocument(t *testing.T) {
+	for _, c := range []struct{ doc, rest string }{
+		{`{"max_tokens":5}`, `then the client waits`},
+		{` [1,{"a":"]}\"}"},2]`, `{"more":1}`},
+		{`{"s":"\\","t":{"u":[]}}`, ``},
+		{`"a string"`, ``},
+	} {
+		body := &stopAt{t: t, data: []byte(c.doc + c.rest), stop: len(c.doc)}
+		buf, end := readJSONDocument(iotest.OneByteReader(body))
+		switch {
+		case c.doc[0] == '"':
+			if end != 0 {
+				t.Errorf("%s: end %d, want 0 (not an object or array: no path in it)", c.doc, end)
+			}
+		case end != len(c.doc) || string(buf) != c.doc:
+			t.Errorf("%s: read %q, end %d; want the document, end %d", c.doc, buf, end, len(c.doc))
+		}
+	}
+	buf, end := readJSONDocument(strings.NewReader(`{"max_tokens":5`))
+	if end != -1 || string(buf) != `{"max_tokens":5` {
+		t.Errorf("a body cut off: read %q, end %d; want all of it, end -1", buf, end)
+	}
+	big := `{"a":"` + strings.Repeat("x", maxJSONScan) + `"}`
+	if buf, end := readJSONDocument(strings.NewReader(big)); end != -1 || len(buf) > maxJSONScan+1 {
+		t.Errorf("a body over the bound: read %d bytes, end %d; want at most %d, end -1", len(buf), end, maxJSONScan+1)
+	}
+}
+
+// stopAt is a body whose bytes from stop on are read only by a reader
+// that did not stop at the document's end: reading them fails the test.
+type stopAt struct {
+	t    *testing.T
+	data []byte
+	stop int
+	off  int
+}
+
+func (s *stopAt) Read(p []byte) (int, error) {
+	if s.off >= len(s.data) {
+		return 0, io.EOF
+	}
+	if s.off >= s.stop {
+		s.t.Errorf("read past the document's end, at byte %d of %q", s.off, s.data)
+	}
+	n := copy(p, s.data[s.off:])
+	s.off += n
+	return n, nil
 }
