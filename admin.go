@@ -336,7 +336,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 				st.InFlight = &n
 			}
 			if p == rate {
-				st.Allowed, st.Remaining = d.Allowed, d.Remaining
+				st.Allowed, st.Remaining = d.Allowed, shownRemaining(d.Remaining)
 				st.Reset, st.Wait = float64(d.Reset)/microsPerSecond, float64(d.Wait)/microsPerSecond
 			}
 		}
@@ -483,7 +483,7 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 		}
 		done[scope] = d
 		if !granted {
-			st = keyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: d.Remaining,
+			st = keyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: shownRemaining(d.Remaining),
 				Reset: float64(d.Reset) / microsPerSecond, Wait: float64(d.Wait) / microsPerSecond}
 			granted = true
 		}

@@ -14,17 +14,22 @@ import (
 // from a response body as it passes to the client: the body is never held
 // back or delayed, and only a bounded amount of it is kept.
 //
+//   - A body with a Content-Encoding of gzip, zstd or br (as `encode`
+//     sends it, or an upstream that compressed it itself) is decompressed
+//     as it passes, and what it decompresses to is read as below; any
+//     other encoding (or several) is not read: it keeps the estimate.
 //   - A Server-Sent Events stream (Content-Type text/event-stream) is
 //     read event by event; each event whose data is a JSON object naming
 //     the path's first key is decoded, and the last event that holds a
 //     number at the path wins (an OpenAI-compatible stream's final chunk
-//     with stream_options.include_usage, Anthropic's message_delta). At
-//     most maxEventScan bytes of one event are kept; a longer event is
-//     skipped.
+//     with stream_options.include_usage, Anthropic's message_delta). Only
+//     an event ended by its empty line is read, as the SSE specification
+//     dispatches events: a stream cut off mid-event keeps what earlier
+//     events said. At most maxEventScan bytes of one event are kept; a
+//     longer event is skipped.
 //   - Any other body is read as one JSON document, of which at most
-//     maxJSONScan bytes are kept; a longer body keeps the estimate.
-//   - A compressed body (a Content-Encoding other than identity) is not
-//     read: it keeps the estimate.
+//     maxJSONScan bytes are kept; a longer body, or one that is not a
+//     whole JSON document (cut off mid-write), keeps the estimate.
 type bodyScanner struct {
 	paths []string
 	segs  [][]string // each path's segments
@@ -35,6 +40,10 @@ type bodyScanner struct {
 	data  []byte // SSE: the current event's data
 	skip  bool   // SSE: the current event is too long to read
 	cr    bool   // SSE: the last write ended with a CR
+	// dec, for a compressed body, decompresses the bytes fed and scans
+	// what they decompress to, on a goroutine of its own, which owns the
+	// fields above until finish has waited for it.
+	dec *decompressor
 }
 
 type scanMode uint8
@@ -64,9 +73,24 @@ func newBodyScanner(paths []string) *bodyScanner {
 
 // feed scans p, the next bytes of the body whose headers are h.
 func (s *bodyScanner) feed(h http.Header, p []byte) {
+	if s.dec != nil {
+		s.dec.write(p)
+		return
+	}
 	if s.mode == scanUnknown {
 		s.mode = scanModeOf(h)
+		if enc := contentEncoding(h); enc != "" && s.mode != scanOff {
+			s.decompress(enc)
+			s.dec.write(p)
+			return
+		}
 	}
+	s.scan(p)
+}
+
+// scan scans p, the next bytes of the body as the upstream wrote it
+// (decompressed).
+func (s *bodyScanner) scan(p []byte) {
 	switch s.mode {
 	case scanJSON:
 		if len(s.buf)+len(p) > maxJSONScan {
@@ -81,8 +105,8 @@ func (s *bodyScanner) feed(h http.Header, p []byte) {
 
 // scanModeOf chooses how to read a body from its headers.
 func scanModeOf(h http.Header) scanMode {
-	if enc := h.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
-		return scanOff
+	if enc := contentEncoding(h); enc != "" && decoderOf(enc) == nil {
+		return scanOff // an encoding not read
 	}
 	if mt, _, err := mime.ParseMediaType(h.Get("Content-Type")); err == nil && mt == "text/event-stream" {
 		return scanSSE
@@ -197,18 +221,15 @@ func (s *bodyScanner) lookup(doc []byte, quick bool) {
 	}
 }
 
-// finish reads what is left (a JSON body, an SSE stream's last event
-// without its empty line) and sets each path's placeholder that was
-// found.
+// finish reads what is left (a JSON body) and sets each path's
+// placeholder that was found. An SSE stream's unfinished line and event
+// are not read: a number is read only from an event that ended.
 func (s *bodyScanner) finish(repl *caddy.Replacer) {
-	switch s.mode {
-	case scanJSON:
+	if s.dec != nil {
+		s.dec.close()
+	}
+	if s.mode == scanJSON {
 		s.lookup(s.buf, false)
-	case scanSSE:
-		if len(s.buf) > 0 && !s.skip {
-			s.line(s.buf)
-		}
-		s.event()
 	}
 	for i, p := range s.paths {
 		if s.found[i] != "" {
@@ -223,25 +244,96 @@ const requestJSONPlaceholder = "http.rate_limit.request.json."
 
 // readRequestJSON reads the numbers at paths in the request's JSON body
 // into their placeholders, for a cost estimate (an LLM request's
-// max_tokens). At most maxJSONScan bytes are read; the body is put back
-// as it was for the handlers after, read or not. A body that is longer,
-// not JSON, or lacks a path sets nothing (the cost is then default_cost).
+// max_tokens). It reads the body only as far as its JSON document goes
+// (a client that keeps the body open after it is not waited for), and at
+// most maxJSONScan bytes; what it read is put back for the handlers
+// after, read or not. A body that is longer, not one whole JSON document,
+// or lacks a path sets nothing (the cost is then default_cost).
 //
 //go:noinline
 func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return
 	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, maxJSONScan+1))
+	buf, end := readJSONDocument(r.Body)
 	r.Body = replayBody{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
-	if err != nil || len(buf) > maxJSONScan {
+	if end < 0 {
 		return
 	}
 	for _, p := range paths {
-		if n, ok := jsonNumberAt(buf, strings.Split(p, ".")); ok {
+		if n, ok := jsonNumberAt(buf[:end], strings.Split(p, ".")); ok {
 			repl.Set(requestJSONPlaceholder+p, string(n))
 		}
 	}
+}
+
+// readJSONDocument reads body until the JSON document it starts with
+// ends, the body ends or fails, or maxJSONScan bytes were read, whichever
+// is first. It returns what it read and where in it the document ends,
+// -1 if it did not.
+func readJSONDocument(body io.Reader) (buf []byte, end int) {
+	var d docEnd
+	buf = make([]byte, 0, 4<<10)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		room := min(cap(buf), maxJSONScan+1) - len(buf)
+		n, err := body.Read(buf[len(buf) : len(buf)+room])
+		if i := d.scan(buf[len(buf) : len(buf)+n]); i >= 0 {
+			return buf[:len(buf)+n], len(buf) + i
+		}
+		buf = buf[:len(buf)+n]
+		if err != nil || len(buf) > maxJSONScan {
+			return buf, -1
+		}
+	}
+}
+
+// docEnd finds where a JSON document ends in the bytes given it one part
+// after another: after its top-level object or array closes (a document
+// that is neither holds no path, and ends where it starts). It only
+// follows strings and nesting; jsonNumberAt checks the document.
+type docEnd struct {
+	depth int
+	begun bool // the first byte of the value was seen
+	str   bool // in a string
+	esc   bool // in a string, after a backslash
+}
+
+// scan returns the position in p just after the document's end, or -1.
+func (d *docEnd) scan(p []byte) int {
+	for i, c := range p {
+		switch {
+		case d.str:
+			switch {
+			case d.esc:
+				d.esc = false
+			case c == '\\':
+				d.esc = true
+			case c == '"':
+				d.str = false
+			}
+		case !d.begun:
+			switch c {
+			case ' ', '\t', '\n', '\r':
+				continue
+			case '{', '[':
+				d.begun, d.depth = true, 1
+			default:
+				return i
+			}
+		case c == '"':
+			d.str = true
+		case c == '{' || c == '[':
+			d.depth++
+		case c == '}' || c == ']':
+			if d.depth--; d.depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
 }
 
 // replayBody is a request body whose first bytes were read and are read

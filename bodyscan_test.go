@@ -1,9 +1,11 @@
 package tollgate
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -63,27 +65,92 @@ func TestBodyScannerLineEnds(t *testing.T) {
 
 // BenchmarkBodyScanner is the scanner alone on 10 MB of OpenAI-style
 // chunks in 32 KiB writes, with each line end the SSE specification
-// allows: what scanning costs a stream, apart from the network.
+// allows, and (enc=gzip) the LF stream gzip-compressed, as `encode gzip`
+// sends it: what scanning costs a stream, apart from the network.
 func BenchmarkBodyScanner(b *testing.B) {
-	sse := http.Header{"Content-Type": {"text/event-stream"}}
-	for _, end := range []struct{ name, s string }{{"lf", "\n"}, {"crlf", "\r\n"}, {"cr", "\r"}} {
-		b.Run("end="+end.name, func(b *testing.B) {
-			chunk := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 900) + "\"}}],\"usage\":null}" + end.s + end.s
+	for _, c := range []struct{ name, end, enc string }{
+		{"end=lf", "\n", ""}, {"end=crlf", "\r\n", ""}, {"end=cr", "\r", ""}, {"end=lf,enc=gzip", "\n", "gzip"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			h := http.Header{"Content-Type": {"text/event-stream"}}
+			chunk := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 900) + "\"}}],\"usage\":null}" + c.end + c.end
 			var body strings.Builder
 			for body.Len() < streamSize {
 				body.WriteString(chunk)
 			}
-			body.WriteString("data: {\"usage\":{\"total_tokens\":12345}}" + end.s + end.s)
+			body.WriteString("data: {\"usage\":{\"total_tokens\":12345}}" + c.end + c.end)
 			src := []byte(body.String())
 			b.SetBytes(int64(len(src)))
+			if c.enc != "" {
+				h.Set("Content-Encoding", c.enc)
+				src = compress(b, c.enc, body.String())
+			}
 			b.ReportAllocs()
 			for b.Loop() {
 				s := newBodyScanner([]string{"usage.total_tokens"})
 				for i := 0; i < len(src); i += 32 << 10 {
-					s.feed(sse, src[i:min(len(src), i+32<<10)])
+					s.feed(h, src[i:min(len(src), i+32<<10)])
 				}
-				s.finish(caddy.NewReplacer())
+				repl := caddy.NewReplacer()
+				s.finish(repl)
+				if v, _ := repl.GetString(jsonPlaceholder + "usage.total_tokens"); v != "12345" {
+					b.Fatalf("usage.total_tokens = %q, want 12345", v)
+				}
 			}
 		})
 	}
+}
+
+// TestReadJSONDocument: the request's JSON is read until its document
+// ends and no further, however the body arrives (a byte a read here):
+// what follows the document is not asked for, strings and escapes that
+// hold brackets do not end it, and a body that is not one document is
+// read to its end (or the bound) and ends nothing.
+func TestReadJSONDocument(t *testing.T) {
+	for _, c := range []struct{ doc, rest string }{
+		{`{"max_tokens":5}`, `then the client waits`},
+		{` [1,{"a":"]}\"}"},2]`, `{"more":1}`},
+		{`{"s":"\\","t":{"u":[]}}`, ``},
+		{`"a string"`, ``},
+	} {
+		body := &stopAt{t: t, data: []byte(c.doc + c.rest), stop: len(c.doc)}
+		buf, end := readJSONDocument(iotest.OneByteReader(body))
+		switch {
+		case c.doc[0] == '"':
+			if end != 0 {
+				t.Errorf("%s: end %d, want 0 (not an object or array: no path in it)", c.doc, end)
+			}
+		case end != len(c.doc) || string(buf) != c.doc:
+			t.Errorf("%s: read %q, end %d; want the document, end %d", c.doc, buf, end, len(c.doc))
+		}
+	}
+	buf, end := readJSONDocument(strings.NewReader(`{"max_tokens":5`))
+	if end != -1 || string(buf) != `{"max_tokens":5` {
+		t.Errorf("a body cut off: read %q, end %d; want all of it, end -1", buf, end)
+	}
+	big := `{"a":"` + strings.Repeat("x", maxJSONScan) + `"}`
+	if buf, end := readJSONDocument(strings.NewReader(big)); end != -1 || len(buf) > maxJSONScan+1 {
+		t.Errorf("a body over the bound: read %d bytes, end %d; want at most %d, end -1", len(buf), end, maxJSONScan+1)
+	}
+}
+
+// stopAt is a body whose bytes from stop on are read only by a reader
+// that did not stop at the document's end: reading them fails the test.
+type stopAt struct {
+	t    *testing.T
+	data []byte
+	stop int
+	off  int
+}
+
+func (s *stopAt) Read(p []byte) (int, error) {
+	if s.off >= len(s.data) {
+		return 0, io.EOF
+	}
+	if s.off >= s.stop {
+		s.t.Errorf("read past the document's end, at byte %d of %q", s.off, s.data)
+	}
+	n := copy(p, s.data[s.off:])
+	s.off += n
+	return n, nil
 }

@@ -87,11 +87,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (goOn bool, err error) {
 	repl := replacerOf(r)
 	now := h.now()
-	if h.requestJSON != nil {
-		readRequestJSON(r, repl, h.requestJSON)
-	}
 	var buf [inlineResults]result
 	results := buf[:0]
+	readJSON := h.requestJSON != nil // the request's JSON is yet to be read
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -101,6 +99,12 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 			if !ok {
 				continue
 			}
+		}
+		if readJSON && z.requestJSON != nil {
+			// Only a request that a zone reading its JSON applies to is
+			// read: any other body reaches the upstream as it comes.
+			readRequestJSON(r, repl, h.requestJSON)
+			readJSON = false
 		}
 		rate := z
 		if z.tiers != nil {

@@ -51,6 +51,13 @@ func parseHeaderModes(modes []string) (headerModes, error) {
 
 const microsPerSecond = 1_000_000
 
+// shownRemaining is a decision's remaining as the headers, the
+// {http.rate_limit.remaining} placeholder, the admin API and the events
+// show it: the whole units available now, never below 0. A key that owes
+// an excess (cost_response past the capacity) is below empty in the
+// store, which is how long it waits; it has nothing available.
+func shownRemaining(remaining int64) int64 { return max(remaining, 0) }
+
 // ceilSeconds rounds µs up to whole seconds.
 func ceilSeconds(us int64) int64 {
 	if us <= 0 {
@@ -79,7 +86,7 @@ func (h *Handler) writeHeaders(hdr http.Header, results []result, rejected int, 
 		res = &results[m]
 	}
 	limit := strconv.FormatInt(res.z.spec.Limit.Events, 10)
-	remaining := strconv.FormatInt(res.d.Remaining, 10)
+	remaining := strconv.FormatInt(shownRemaining(res.d.Remaining), 10)
 	reset := ceilSeconds(res.d.Reset)
 	if rejected >= 0 && retryAfter >= 0 {
 		reset = retryAfter
@@ -152,7 +159,7 @@ func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, ret
 		buf = append(buf, '"')
 		buf = append(buf, res.z.hname...)
 		buf = append(buf, `";r=`...)
-		buf = strconv.AppendInt(buf, res.d.Remaining, 10)
+		buf = strconv.AppendInt(buf, shownRemaining(res.d.Remaining), 10)
 		buf = append(buf, ";t="...)
 		t := ceilSeconds(res.d.Reset)
 		if i == rejected && retryAfter >= 0 {

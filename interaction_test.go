@@ -206,6 +206,7 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 		}
 		cfg += fmt.Sprintf(`
 	http://localhost:%d {
+		header -X-Usage
 		rate_limit {
 %s%s			jitter %s
 		}
@@ -215,6 +216,10 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 			}
 		}
 		handle /cost {
+			encode {
+				gzip
+				minimum_length 1
+			}
 			reverse_proxy %s
 		}
 		@fail header X-Fail 1
@@ -306,7 +311,10 @@ func newIxUpstream(t *testing.T, slots int) *ixUpstream {
 // header asks for, as an LLM API reports token usage: in X-Usage and in
 // the body's usage.total_tokens, a JSON body or (X-Stream) the last event
 // of an event stream that holds it. Without X-Actual, the answer carries
-// no usage, and the zone keeps the estimate.
+// no usage, and the zone keeps the estimate. The site hides X-Usage from
+// clients (`header -X-Usage`) and gzips the answer (`encode` inside
+// rate_limit, for the Go client, which asks for gzip): the zones read
+// both as the upstream wrote them.
 func ixUsage(w http.ResponseWriter, r *http.Request) {
 	actual := r.Header.Get("X-Actual")
 	usage := "{}"

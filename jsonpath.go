@@ -3,14 +3,20 @@ package tollgate
 import (
 	"bytes"
 	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // jsonNumberAt returns the number at the dotted path segs in the JSON
 // document doc (a segment that is a whole number indexes an array),
 // without decoding the document or allocating: it walks the document,
-// skipping every value off the path. ok is false when the path is
-// missing, holds something other than a number (null, say), or the
-// document is malformed before the path ends.
+// skipping every value off the path. It reads the document as JSON
+// parsers (JSON.parse, Python's json, Go's encoding/json, and so the
+// upstream) do: a key is compared with its escapes decoded, and of a key
+// given twice the last counts. ok is false when the path is missing,
+// holds something other than a number (null, say), or the document is
+// not one whole JSON value (malformed, or cut off): a parser would
+// refuse it, so no number of it is read.
 func jsonNumberAt(doc []byte, segs []string) (num []byte, ok bool) {
 	i := skipSpace(doc, 0)
 	for _, seg := range segs {
@@ -43,16 +49,24 @@ func jsonNumberAt(doc []byte, segs []string) (num []byte, ok bool) {
 	if end == i || (doc[i] != '-' && (doc[i] < '0' || doc[i] > '9')) {
 		return nil, false
 	}
+	// The walk is bounded on any bytes; what it found counts only in a
+	// document a parser reads, checked last: most documents looked into
+	// (a stream's events) hold no number at the path.
+	if !jsonValid(doc) {
+		return nil, false
+	}
 	return doc[i:end], true
 }
 
 // findKey scans the object whose members start at i for key and returns
-// the position of its value.
+// the position of its value: of the last member named key, as parsers
+// keep the last of duplicate keys, so the whole object is scanned.
 func findKey(doc []byte, i int, key string) (int, bool) {
+	at := -1
 	for {
 		i = skipSpace(doc, i)
 		if i >= len(doc) || doc[i] != '"' {
-			return 0, false // '}' or malformed: no such key
+			return at, at >= 0 // '}': the object ended
 		}
 		end, ok := skipString(doc, i)
 		if !ok {
@@ -64,13 +78,95 @@ func findKey(doc []byte, i int, key string) (int, bool) {
 			return 0, false
 		}
 		i = skipSpace(doc, i+1)
-		if string(name) == key {
-			return i, true
+		if keyIs(name, key) {
+			at = i
 		}
 		if i, ok = nextItem(doc, i); !ok {
-			return 0, false
+			return at, at >= 0 // the object's last member
 		}
 	}
+}
+
+// keyIs reports whether the JSON string content raw (between its quotes,
+// escapes undecoded) decodes to key, decoding as encoding/json does: an
+// escape is decoded (a surrogate pair to its rune), and a byte that is not
+// UTF-8 or a lone surrogate reads as U+FFFD. Without allocating.
+func keyIs(raw []byte, key string) bool {
+	for _, c := range raw {
+		if c == '\\' || c >= utf8.RuneSelf {
+			return decodesTo(raw, key)
+		}
+	}
+	return string(raw) == key // plain ASCII: itself
+}
+
+// decodesTo is keyIs for a key with escapes or bytes beyond ASCII.
+func decodesTo(raw []byte, key string) bool {
+	var enc [utf8.UTFMax]byte
+	for len(raw) > 0 {
+		var r rune
+		r, raw = nextRune(raw)
+		n := utf8.EncodeRune(enc[:], r)
+		if len(key) < n || key[:n] != string(enc[:n]) {
+			return false
+		}
+		key = key[n:]
+	}
+	return key == ""
+}
+
+// nextRune decodes the first rune of the JSON string content raw and
+// returns it and the rest. Content that is not valid JSON reads as
+// anything but panics not (its document is refused after the walk).
+func nextRune(raw []byte) (rune, []byte) {
+	if raw[0] != '\\' {
+		r, n := utf8.DecodeRune(raw) // utf8.RuneError for a byte that is not UTF-8
+		return r, raw[n:]
+	}
+	if len(raw) < 2 || (raw[1] == 'u' && len(raw) < 6) {
+		return utf8.RuneError, nil
+	}
+	switch raw[1] {
+	case 'b':
+		return '\b', raw[2:]
+	case 'f':
+		return '\f', raw[2:]
+	case 'n':
+		return '\n', raw[2:]
+	case 'r':
+		return '\r', raw[2:]
+	case 't':
+		return '\t', raw[2:]
+	case 'u':
+		r := hex4(raw[2:6])
+		if utf16.IsSurrogate(r) {
+			if len(raw) >= 12 && raw[6] == '\\' && raw[7] == 'u' {
+				if d := utf16.DecodeRune(r, hex4(raw[8:12])); d != utf8.RuneError {
+					return d, raw[12:]
+				}
+			}
+			return utf8.RuneError, raw[6:]
+		}
+		return r, raw[6:]
+	}
+	return rune(raw[1]), raw[2:] // \" \\ \/
+}
+
+// hex4 is the value of four hex digits.
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 // findIndex scans the array whose elements start at i for element n.
@@ -167,4 +263,152 @@ func skipSpace(doc []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// jsonValid reports whether doc is one JSON value and nothing else but
+// white space, as json.Valid does, without allocating (json.Valid takes
+// its scanner from a sync.Pool, which a garbage collection empties).
+func jsonValid(doc []byte) bool {
+	i, ok := validValue(doc, skipSpace(doc, 0), 0)
+	return ok && skipSpace(doc, i) == len(doc)
+}
+
+// maxJSONDepth is encoding/json's limit on nesting.
+const maxJSONDepth = 10000
+
+// validValue returns the position after the valid value at i, nested in
+// depth containers.
+func validValue(doc []byte, i, depth int) (int, bool) {
+	if i >= len(doc) {
+		return 0, false
+	}
+	switch c := doc[i]; {
+	case c == '{' || c == '[':
+		if depth == maxJSONDepth {
+			return 0, false
+		}
+		end := byte(']')
+		if c == '{' {
+			end = '}'
+		}
+		i = skipSpace(doc, i+1)
+		if i < len(doc) && doc[i] == end {
+			return i + 1, true
+		}
+		for {
+			var ok bool
+			if c == '{' {
+				if i >= len(doc) || doc[i] != '"' {
+					return 0, false
+				}
+				if i, ok = validString(doc, i); !ok {
+					return 0, false
+				}
+				if i = skipSpace(doc, i); i >= len(doc) || doc[i] != ':' {
+					return 0, false
+				}
+				i = skipSpace(doc, i+1)
+			}
+			if i, ok = validValue(doc, i, depth+1); !ok {
+				return 0, false
+			}
+			if i = skipSpace(doc, i); i >= len(doc) {
+				return 0, false
+			}
+			switch doc[i] {
+			case end:
+				return i + 1, true
+			case ',':
+				i = skipSpace(doc, i+1)
+			default:
+				return 0, false
+			}
+		}
+	case c == '"':
+		return validString(doc, i)
+	case c == '-' || (c >= '0' && c <= '9'):
+		return validNumber(doc, i)
+	}
+	for _, lit := range [...]string{"true", "false", "null"} {
+		if bytes.HasPrefix(doc[i:], []byte(lit)) {
+			return i + len(lit), true
+		}
+	}
+	return 0, false
+}
+
+// validString returns the position after the valid string at i (a '"'):
+// no control character, only JSON's escapes. Bytes that are not UTF-8
+// are let through, as encoding/json does.
+func validString(doc []byte, i int) (int, bool) {
+	for j := i + 1; j < len(doc); j++ {
+		switch c := doc[j]; {
+		case c == '"':
+			return j + 1, true
+		case c < 0x20:
+			return 0, false
+		case c == '\\':
+			j++
+			if j >= len(doc) {
+				return 0, false
+			}
+			switch doc[j] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if j+4 >= len(doc) {
+					return 0, false
+				}
+				for _, h := range doc[j+1 : j+5] {
+					if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
+						return 0, false
+					}
+				}
+				j += 4
+			default:
+				return 0, false
+			}
+		}
+	}
+	return 0, false
+}
+
+// validNumber returns the position after the valid number at i:
+// -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func validNumber(doc []byte, i int) (int, bool) {
+	digits := func(i int) int {
+		for i < len(doc) && doc[i] >= '0' && doc[i] <= '9' {
+			i++
+		}
+		return i
+	}
+	if doc[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(doc) && doc[i] == '0':
+		i++
+	case i < len(doc) && doc[i] >= '1' && doc[i] <= '9':
+		i = digits(i)
+	default:
+		return 0, false
+	}
+	if i < len(doc) && doc[i] == '.' {
+		j := digits(i + 1)
+		if j == i+1 {
+			return 0, false
+		}
+		i = j
+	}
+	if i < len(doc) && (doc[i] == 'e' || doc[i] == 'E') {
+		i++
+		if i < len(doc) && (doc[i] == '+' || doc[i] == '-') {
+			i++
+		}
+		j := digits(i)
+		if j == i {
+			return 0, false
+		}
+		i = j
+	}
+	return i, true
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/textproto"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -31,7 +32,13 @@ type responseRule struct {
 	// json are the dotted paths of the {http.rate_limit.response.json.*}
 	// placeholders in cost: the numbers the body scanner looks for.
 	json []string
+	// headers: match or cost reads the response's headers, which the tap
+	// then keeps as the upstream wrote them.
+	headers bool
 }
+
+// respHeaderPlaceholder starts Caddy's placeholders of a response header.
+const respHeaderPlaceholder = "http.response.header."
 
 // jsonPlaceholder starts the placeholders of a number in the response
 // body.
@@ -74,6 +81,7 @@ func (zc *Zone) responseSettings(s *zoneSettings) error {
 		}
 		rule.cost, rule.json = c, paths
 	}
+	rule.headers = (rule.match != nil && rule.match.Headers != nil) || strings.Contains(rule.cost, "{"+respHeaderPlaceholder)
 	s.response = rule
 	return nil
 }
@@ -177,13 +185,21 @@ func (h *Handler) serveSettled(w http.ResponseWriter, r *http.Request, next cadd
 	return err
 }
 
-// settle settles each charge of results to what the response tells.
+// settle settles each charge of results to what the response tells: its
+// status and headers as the upstream wrote them (see responseTap), and
+// its body's size and numbers.
 func (h *Handler) settle(r *http.Request, results []result, tap *responseTap, status int) {
 	repl := replacerOf(r)
 	repl.Set("http.response.status", status)
 	repl.Set("http.response.size", tap.size)
 	if tap.scan != nil {
 		tap.scan.finish(repl)
+	}
+	header, costRepl := tap.header, repl
+	if header == nil {
+		header = tap.Header() // nothing written: what net/http sends
+	} else if tap.keep {
+		costRepl = writtenHeaders(repl, header)
 	}
 	ctx := context.WithoutCancel(r.Context())
 	now := h.now()
@@ -192,7 +208,7 @@ func (h *Handler) settle(r *http.Request, results []result, tap *responseTap, st
 		if !res.settles() {
 			continue
 		}
-		actual := res.z.base.response.actual(res.cost, status, tap.Header(), repl)
+		actual := res.z.base.response.actual(res.cost, status, header, costRepl)
 		if actual == res.cost {
 			continue
 		}
@@ -215,6 +231,23 @@ func (rule *responseRule) actual(cost int64, status int, header http.Header, rep
 		}
 	}
 	return cost
+}
+
+// writtenHeaders is a replacer for cost_response templates that answers
+// {http.response.header.*} from header, the headers the upstream wrote
+// (Caddy's own placeholder reads the response's headers now, after a
+// `header` directive may have removed one), and every other placeholder
+// from repl. The request's replacer is not changed: the handlers and logs
+// after see the response as sent.
+func writtenHeaders(repl *caddy.Replacer, header http.Header) *caddy.Replacer {
+	r := caddy.NewEmptyReplacer()
+	r.Map(func(key string) (any, bool) {
+		if name, ok := strings.CutPrefix(key, respHeaderPlaceholder); ok {
+			return strings.Join(header[textproto.CanonicalMIMEHeaderKey(name)], ","), true
+		}
+		return repl.Get(key)
+	})
+	return r
 }
 
 // settleCharge settles res, which reserved res.cost, to actual on the
@@ -249,14 +282,22 @@ func (l *redisLimiter) Settle(ctx context.Context, key string, now, reserved, ac
 	})
 }
 
-// responseTap passes a response through unchanged, noting its status, its
-// body's size, and (for a body-number placeholder) scanning the body as it
-// passes.
+// responseTap passes a response through unchanged, noting its status and
+// headers as they are written, its body's size, and (for a body-number
+// placeholder) scanning the body as it passes.
+//
+// The status and headers are taken when the handlers inside write them
+// (reverse_proxy, as the upstream answered; `encode` adds its
+// Content-Encoding first): a handler outside, such as a `header`
+// directive that removes X-Usage from what clients see, changes them only
+// after, on its way out.
 type responseTap struct {
 	*caddyhttp.ResponseWriterWrapper
 	status int
-	wrote  bool  // the final status was written
-	size   int64 // body bytes written
+	wrote  bool        // the final status was written
+	keep   bool        // a zone reads the headers: header keeps them
+	header http.Header // the headers as written with the final status; nil before
+	size   int64       // body bytes written
 	scan   *bodyScanner
 }
 
@@ -265,7 +306,9 @@ func newResponseTap(w http.ResponseWriter, results []result) *responseTap {
 	var paths []string
 	for i := range results {
 		if results[i].settles() {
-			paths = append(paths, results[i].z.base.response.json...)
+			rule := results[i].z.base.response
+			paths = append(paths, rule.json...)
+			t.keep = t.keep || rule.headers
 		}
 	}
 	if len(paths) > 0 {
@@ -274,10 +317,24 @@ func newResponseTap(w http.ResponseWriter, results []result) *responseTap {
 	return t
 }
 
-// WriteHeader notes the final status (not an informational 1xx).
+// wroteHeader notes the final status and the headers written with it: a
+// copy when a zone reads them (the handlers outside may change the map),
+// else the map, whose Content-Type and Content-Encoding the scanner reads
+// before the body passes on.
+func (t *responseTap) wroteHeader(code int) {
+	t.status, t.wrote = code, true
+	if t.keep {
+		t.header = t.Header().Clone()
+	} else {
+		t.header = t.Header()
+	}
+}
+
+// WriteHeader notes the final status (not an informational 1xx) and its
+// headers.
 func (t *responseTap) WriteHeader(code int) {
 	if !t.wrote && (code >= 200 || code == http.StatusSwitchingProtocols) {
-		t.status, t.wrote = code, true
+		t.wroteHeader(code)
 	}
 	t.ResponseWriterWrapper.WriteHeader(code)
 }
@@ -285,12 +342,12 @@ func (t *responseTap) WriteHeader(code int) {
 // Write counts the body's bytes as written to the client and scans them.
 func (t *responseTap) Write(p []byte) (int, error) {
 	if !t.wrote {
-		t.status, t.wrote = http.StatusOK, true
+		t.wroteHeader(http.StatusOK)
 	}
 	n, err := t.ResponseWriterWrapper.Write(p)
 	t.size += int64(n)
 	if t.scan != nil && n > 0 {
-		t.scan.feed(t.Header(), p[:n])
+		t.scan.feed(t.header, p[:n])
 	}
 	return n, err
 }
@@ -299,7 +356,7 @@ func (t *responseTap) Write(p []byte) (int, error) {
 // body is only counted; a scanned body goes through Write.
 func (t *responseTap) ReadFrom(r io.Reader) (int64, error) {
 	if !t.wrote {
-		t.status, t.wrote = http.StatusOK, true
+		t.wroteHeader(http.StatusOK)
 	}
 	if t.scan != nil {
 		return io.Copy(writerOnly{t}, r)

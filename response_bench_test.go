@@ -1,6 +1,7 @@
 package tollgate
 
 import (
+	"compress/gzip"
 	"fmt"
 	"io"
 	"net/http"
@@ -65,25 +66,36 @@ func BenchmarkServeHTTPResponse(b *testing.B) {
 const streamSize = 10 << 20
 
 // sseStream writes streamSize bytes of OpenAI-style chunks, flushed every
-// 16, and a last chunk with the usage.
-func sseStream(w http.ResponseWriter, _ *http.Request) {
+// 16, and a last chunk with the usage; gzip-compressed (as `encode gzip`
+// sends it, flushed with each flush) for a request that asks with
+// X-Gzip.
+func sseStream(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
+	var out io.Writer = w
+	flush := w.(http.Flusher).Flush
+	if r.Header.Get("X-Gzip") != "" {
+		w.Header().Set("Content-Encoding", "gzip")
+		gz := gzip.NewWriter(w)
+		defer gz.Close()
+		out, flush = gz, func() { gz.Flush(); w.(http.Flusher).Flush() }
+	}
 	chunk := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 900) + "\"}}],\"usage\":null}\n\n")
-	f := w.(http.Flusher)
 	for n, i := 0, 0; n < streamSize; n, i = n+len(chunk), i+1 {
-		w.Write(chunk)
+		out.Write(chunk)
 		if i%16 == 0 {
-			f.Flush()
+			flush()
 		}
 	}
-	io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"total_tokens\":12345}}\n\ndata: [DONE]\n\n")
+	io.WriteString(out, "data: {\"choices\":[],\"usage\":{\"total_tokens\":12345}}\n\ndata: [DONE]\n\n")
 }
 
 // BenchmarkStreamScan streams a 10 MB event stream from an upstream
 // through the handler and a reverse proxy to a client, over loopback TCP:
 // scan=off through a zone without cost_response, scan=on through one
-// settling from the stream's usage. The throughput of the two (MB/s) is
-// the body scanner's cost; B/op shows what a request holds.
+// settling from the stream's usage, and scan=on,enc=gzip the same stream
+// gzip-compressed (MB/s of the stream before compression). The throughput
+// of the first two (MB/s) is the body scanner's cost; B/op shows what a
+// request holds.
 func BenchmarkStreamScan(b *testing.B) {
 	up := httptest.NewServer(http.HandlerFunc(sseStream))
 	defer up.Close()
@@ -94,10 +106,13 @@ func BenchmarkStreamScan(b *testing.B) {
 		proxy.ServeHTTP(w, r)
 		return nil
 	})
-	for _, scan := range []bool{false, true} {
-		b.Run("scan="+map[bool]string{false: "off", true: "on"}[scan], func(b *testing.B) {
+	for _, c := range []struct {
+		name       string
+		scan, gzip bool
+	}{{"scan=off", false, false}, {"scan=on", true, false}, {"scan=on,enc=gzip", true, true}} {
+		b.Run(c.name, func(b *testing.B) {
 			z := Zone{Key: "static", Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9)}
-			if scan {
+			if c.scan {
 				z.CostResponse = "{http.rate_limit.response.json.usage.total_tokens}"
 			}
 			h := &Handler{RateLimits: map[string]*Zone{"bench": &z}, Headers: []string{"none"}}
@@ -115,13 +130,21 @@ func BenchmarkStreamScan(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				resp, err := client.Get(front.URL)
+				req, _ := http.NewRequest(http.MethodGet, front.URL, nil)
+				least := int64(streamSize)
+				if c.gzip {
+					// Asked for by name: the client does not decompress.
+					req.Header.Set("Accept-Encoding", "gzip")
+					req.Header.Set("X-Gzip", "1")
+					least = 1
+				}
+				resp, err := client.Do(req)
 				if err != nil {
 					b.Fatal(err)
 				}
 				n, _ := io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				if resp.StatusCode != 200 || n < streamSize {
+				if resp.StatusCode != 200 || n < least {
 					b.Fatalf("status %d, %d bytes", resp.StatusCode, n)
 				}
 			}
@@ -131,9 +154,10 @@ func BenchmarkStreamScan(b *testing.B) {
 
 // TestBodyScannerHoldsBounded feeds the scanner a 10 MB event stream in
 // writes of every size, one event far over the bound, and a JSON body
-// over its bound, and checks what it keeps: at most one event's bound of
-// line and data, nothing of a JSON body past its bound, and the usage of
-// the last event that holds it.
+// over its bound (plain, and gzip), and checks what it keeps: at most one
+// event's bound of line and data, nothing of a JSON body past its bound,
+// and the usage of the last event that holds it; and that a body in an
+// encoding it does not read keeps the estimate.
 func TestBodyScannerHoldsBounded(t *testing.T) {
 	sse := http.Header{"Content-Type": {"text/event-stream"}}
 	var body strings.Builder
@@ -171,11 +195,29 @@ func TestBodyScannerHoldsBounded(t *testing.T) {
 	if j.mode != scanOff || cap(j.buf) != 0 {
 		t.Errorf("a JSON body over %d bytes: mode %d, %d bytes held; want the scan off and nothing held", maxJSONScan, j.mode, cap(j.buf))
 	}
-	gz := newBodyScanner([]string{"usage.total_tokens"})
-	gz.feed(http.Header{"Content-Encoding": {"gzip"}, "Content-Type": {"application/json"}}, []byte(`{"usage":{"total_tokens":3}}`))
-	repl = caddy.NewReplacer()
-	gz.finish(repl)
-	if got, ok := repl.GetString(jsonPlaceholder + "usage.total_tokens"); ok {
-		t.Errorf("a compressed body: usage.total_tokens = %q, want unset (the estimate kept)", got)
+	// A compressed body is read as it decompresses, within the same
+	// bound: 2 MiB of spaces compressed to a few KiB is over it.
+	read := func(h http.Header, body []byte) (string, bool) {
+		s := newBodyScanner([]string{"usage.total_tokens"})
+		for i := 0; i < len(body); i += 1000 {
+			s.feed(h, body[i:min(len(body), i+1000)])
+		}
+		repl := caddy.NewReplacer()
+		s.finish(repl)
+		return repl.GetString(jsonPlaceholder + "usage.total_tokens")
+	}
+	gzipJSON := http.Header{"Content-Encoding": {"gzip"}, "Content-Type": {"application/json"}}
+	if got, _ := read(gzipJSON, compress(t, "gzip", `{"usage":{"total_tokens":3}}`)); got != "3" {
+		t.Errorf("a gzip body: usage.total_tokens = %q, want 3", got)
+	}
+	bomb := compress(t, "gzip", `{"usage":{"total_tokens":3}}`+strings.Repeat(" ", 2*maxJSONScan))
+	if got, ok := read(gzipJSON, bomb); ok {
+		t.Errorf("a gzip body of %d bytes decompressing past the bound: usage.total_tokens = %q, want unset", len(bomb), got)
+	}
+	for _, enc := range []string{"deflate", "gzip, br"} {
+		h := http.Header{"Content-Encoding": {enc}, "Content-Type": {"application/json"}}
+		if got, ok := read(h, []byte(`{"usage":{"total_tokens":3}}`)); ok {
+			t.Errorf("Content-Encoding %s: usage.total_tokens = %q, want unset (the estimate kept)", enc, got)
+		}
 	}
 }

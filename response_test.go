@@ -394,7 +394,8 @@ func TestStreamPassesThrough(t *testing.T) {
 // llmUpstream is an OpenAI-compatible backend: it answers a request whose
 // JSON body it reads whole (400 otherwise) with the usage the request's
 // X-Tokens names, as one JSON body or, with "stream": true, as an event
-// stream whose last data event before [DONE] holds it.
+// stream whose last data event before [DONE] holds it; its content is
+// long enough for `encode` to compress.
 func llmUpstream(t *testing.T) *httptest.Server {
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
@@ -408,11 +409,11 @@ func llmUpstream(t *testing.T) *httptest.Server {
 		tokens := r.Header.Get("X-Tokens")
 		if !req.Stream {
 			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"total_tokens":%s}}`, tokens)
+			fmt.Fprintf(w, `{"choices":[{"message":{"content":%q}}],"usage":{"prompt_tokens":3,"total_tokens":%s}}`, padding, tokens)
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"h\"}}],\"usage\":null}\n\n")
+		fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":%q}}],\"usage\":null}\n\n", padding)
 		w.(http.Flusher).Flush()
 		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"total_tokens\":%s}}\n\ndata: [DONE]\n\n", tokens)
 	}))
@@ -421,7 +422,8 @@ func llmUpstream(t *testing.T) *httptest.Server {
 }
 
 // TestLLMRecipe: tokens per hour per API key, estimated from the request's
-// max_tokens and settled from the usage, streamed and not.
+// max_tokens and settled from the usage, streamed and not, as recipes.md
+// has it: with `encode` in the site, for a client that accepts gzip.
 func TestLLMRecipe(t *testing.T) {
 	for name, storage := range multiZoneStores(t) {
 		t.Run(name, func(t *testing.T) {
@@ -443,9 +445,8 @@ func TestLLMRecipe(t *testing.T) {
 			}
 			`+storage(t)+`
 		}
-		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+` {
-			header_up -Accept-Encoding
-		}
+		encode zstd gzip
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
 	}`, "caddyfile")
 			post := func(step, body, tokens string) *http.Response {
 				t.Helper()
@@ -453,6 +454,7 @@ func TestLLMRecipe(t *testing.T) {
 				req.Header.Set("Authorization", "Bearer key-"+name)
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("X-Tokens", tokens)
+				req.Header.Set("Accept-Encoding", "gzip")
 				resp, err := tester.Client.Do(req)
 				if err != nil {
 					t.Fatalf("%s: %v", step, err)
@@ -464,13 +466,14 @@ func TestLLMRecipe(t *testing.T) {
 				}
 				return resp
 			}
+			gzipped := want{status: 200, headers: map[string]string{"Content-Encoding": "gzip"}}
 			resp := post("plain", `{"model":"m","max_tokens":300}`, "120")
-			check(t, "plain", resp, "", want{status: 200})
+			check(t, "plain", resp, "", gzipped)
 			if r := remaining(t, resp); r != 700 {
 				t.Errorf("plain: r = %d, want 700 (max_tokens reserved)", r)
 			}
 			resp = post("streamed", `{"model":"m","max_tokens":800,"stream":true,"stream_options":{"include_usage":true}}`, "50")
-			check(t, "streamed", resp, "", want{status: 200})
+			check(t, "streamed", resp, "", gzipped)
 			if r := remaining(t, resp); r != 80 {
 				t.Errorf("streamed: r = %d, want 80 (the first settled to 120, 800 reserved)", r)
 			}
