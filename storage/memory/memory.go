@@ -13,7 +13,7 @@
 // behind a pointer and a recency list were three. The table holds no
 // pointer (a sliding_log's rings aside), so the collector never scans
 // it. The hashes are seeded at random for each store, so no client can
-// choose keys that collide into long probes. A table grows at 3/4 full
+// choose keys that collide into long probes. A table grows at 13/16 full
 // and shrinks when a sweep or a reset leaves it at most 1/8 full.
 //
 // The store is bounded by MaxKeys for the whole zone, exactly: a count of

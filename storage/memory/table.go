@@ -31,6 +31,26 @@ const (
 	windowStride = 6 // words a slot of any other kind holds
 )
 
+// maxFill is how full, in sixteenths, a table may be before it doubles:
+// 13/16, so that it is between 13/32 and 13/16 full. With slots of 32
+// bytes, a lookup's linear probe (2.6 slots on average at 3/4 full) stays
+// mostly within the line of its home slot and the next, which the
+// processor fetches together; fuller, inserts' probes grow fast (1/(1-f)^2).
+const maxFill = 13
+
+// BytesPerKey is the most heap a key of a zone of kind holds in the
+// store, a sliding_log's ring aside: its slot (and a sliding_log's ring
+// header) over the least fill a growing table has, 13/32. A key's bytes
+// are not kept. A table is sized by the most keys its shard has held
+// since it last shrank.
+func BytesPerKey(kind algorithms.Kind) int64 {
+	slot := int64(strideOf(kind)) * 8
+	if kind == algorithms.SlidingLog {
+		slot += 24 // the ring's slice header, in logs
+	}
+	return (slot*32 + maxFill - 1) / maxFill
+}
+
 // strideOf is how many words a slot of kind holds: the bucket family's
 // state is At and Level only.
 func strideOf(k algorithms.Kind) int {
@@ -44,7 +64,8 @@ func strideOf(k algorithms.Kind) int {
 // shard is one table of a store, guarded by mu: size is 0 or a power of
 // two, n of its slots are used, and hand is the CLOCK's place. A key's
 // home slot comes from its hash's bits above those that choose its shard;
-// the table is at most 3/4 full, so a probe always ends at an empty slot.
+// the table is at most maxFill/16 full, so a probe always ends at an
+// empty slot.
 type shard struct {
 	mu     sync.Mutex
 	words  []uint64  // size slots of stride words
@@ -118,11 +139,11 @@ func (sh *shard) setState(i int, s *algorithms.State) {
 }
 
 // add puts a fresh key, whose hash is h and tag is tag, in sh, growing
-// the table if it would be more than 3/4 full, and returns its slot. Its
+// the table if it would be more than maxFill/16 full, and returns its slot. Its
 // CLOCK bit is set: a key gets one turn of the hand before it can go.
 // The key must not be in sh. sh.mu must be held.
 func (sh *shard) add(h, tag uint64) int {
-	if (sh.n+1)*4 > sh.size*3 {
+	if (sh.n+1)*16 > sh.size*maxFill {
 		sh.resize(max(8, 2*sh.size))
 	}
 	mask, st := sh.size-1, sh.stride

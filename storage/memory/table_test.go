@@ -38,8 +38,8 @@ func checkTable(t *testing.T, sh *shard) {
 	if used != sh.n {
 		t.Fatalf("%d slots used, n says %d", used, sh.n)
 	}
-	if used*4 > sh.size*3 {
-		t.Fatalf("%d of %d slots used: more than 3/4", used, sh.size)
+	if used*16 > sh.size*maxFill {
+		t.Fatalf("%d of %d slots used: more than %d/16", used, sh.size, maxFill)
 	}
 }
 
