@@ -2,13 +2,15 @@
 // limiters people reach for, in one process, and prints one table: what a
 // decision costs at a number of keys taken in random order, serial and
 // parallel, with the clock read on every decision, and the heap each key
-// holds. Each round builds every limiter afresh, in a rotated order, and
-// the table gives the medians of the rounds.
+// holds. The limiters are timed in small batches, taking turns, and the
+// table gives each one's median batch: on shared cores, where the
+// throughput drifts from second to second, every limiter sees the same
+// drift.
 //
 // It is a module of its own (see go.mod), so that the peers never enter
 // Tollgate's. Run it from this directory:
 //
-//	go run . -keys 100000 -rounds 5
+//	go run . -keys 100000 -batches 40
 package main
 
 import (
@@ -104,13 +106,10 @@ var limiters = []limiter{
 	}},
 }
 
-// result is one limiter's figures in one round.
-type result struct{ serial, parallel, bytes float64 }
-
 func main() {
 	nkeys := flag.Int("keys", 100_000, "distinct keys")
-	rounds := flag.Int("rounds", 5, "rounds, each measuring every limiter")
-	ops := flag.Int("ops", 1_000_000, "decisions a measurement")
+	batches := flag.Int("batches", 40, "timed batches a limiter, serial and parallel each, interleaved with the others'")
+	batch := flag.Int("batch", 20_000, "decisions a batch")
 	keyLen := flag.Int("keylen", 0, "pad each key to this many bytes (0: an IPv4 address, 8 to 11 bytes)")
 	only := flag.String("only", "", "measure only the limiters whose name contains this")
 	flag.Parse()
@@ -123,7 +122,7 @@ func main() {
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	order := make([]int32, 1<<16)
+	order := make([]int32, 1<<20)
 	for i := range order {
 		order[i] = int32(rng.IntN(*nkeys))
 	}
@@ -133,38 +132,76 @@ func main() {
 			ls = append(ls, l)
 		}
 	}
-	results := make([][]result, len(ls))
-	for r := 0; r < *rounds; r++ {
-		for k := range ls {
-			i := (k + r) % len(ls) // rotate: no limiter always runs first
-			res, err := measure(ls[i], keys, order, *ops)
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "%s: %v\n", ls[i].name, err)
-				os.Exit(1)
-			}
-			results[i] = append(results[i], res)
+
+	// Build every limiter, each given every key once: the heap it then
+	// holds, per key, is its bytes a key.
+	takes := make([]func(string), len(ls))
+	bytes := make([]float64, len(ls))
+	for i, l := range ls {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		take, err := l.build()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", l.name, err)
+			os.Exit(1)
 		}
-		fmt.Fprintf(os.Stderr, "round %d of %d done\n", r+1, *rounds)
+		for _, k := range keys {
+			take(k)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		takes[i], bytes[i] = take, float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(len(keys))
 	}
 
-	fmt.Printf("%d keys in random order (%s), GOMAXPROCS %d, medians of %d rounds of %d decisions\n\n",
-		*nkeys, keyDesc(*keyLen), runtime.GOMAXPROCS(0), *rounds, *ops)
+	// Time the limiters in small batches, taking turns (each batch in a
+	// rotated order), so that the machine's drift from second to second
+	// falls on every limiter alike; the median batch is the figure.
+	serial := make([][]float64, len(ls))
+	parallel := make([][]float64, len(ls))
+	procs := runtime.GOMAXPROCS(0)
+	mask := len(order) - 1
+	pos := 0
+	for b := 0; b < *batches; b++ {
+		for k := range ls {
+			i := (k + b) % len(ls)
+			take := takes[i]
+			start := time.Now()
+			for j := 0; j < *batch; j++ {
+				take(keys[order[(pos+j)&mask]])
+			}
+			serial[i] = append(serial[i], float64(time.Since(start).Nanoseconds())/float64(*batch))
+
+			var wg sync.WaitGroup
+			start = time.Now()
+			for g := 0; g < procs; g++ {
+				wg.Add(1)
+				go func(from int) {
+					defer wg.Done()
+					for j := from; j < from+*batch/procs; j++ {
+						take(keys[order[j&mask]])
+					}
+				}(pos + *batch + g**batch/procs) // keys the serial batch did not just take
+			}
+			wg.Wait()
+			parallel[i] = append(parallel[i], float64(time.Since(start).Nanoseconds())/float64(*batch))
+		}
+		pos += 2 * *batch
+	}
+
+	fmt.Printf("%d keys in random order (%s), GOMAXPROCS %d, medians of %d interleaved batches of %d decisions\n\n",
+		*nkeys, keyDesc(*keyLen), procs, *batches, *batch)
 	fmt.Println("| limiter | serial ns | parallel ns | heap bytes a key |")
 	fmt.Println("|---|---|---|---|")
 	for i, l := range ls {
-		med := func(f func(result) float64) float64 {
-			v := make([]float64, len(results[i]))
-			for j, r := range results[i] {
-				v[j] = f(r)
-			}
-			slices.Sort(v)
-			return v[len(v)/2]
-		}
-		fmt.Printf("| %s | %.0f | %.0f | %.0f |\n", l.name,
-			med(func(r result) float64 { return r.serial }),
-			med(func(r result) float64 { return r.parallel }),
-			med(func(r result) float64 { return r.bytes }))
+		fmt.Printf("| %s | %.0f | %.0f | %.0f |\n", l.name, median(serial[i]), median(parallel[i]), bytes[i])
 	}
+}
+
+func median(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
 }
 
 func keyDesc(n int) string {
@@ -172,47 +209,4 @@ func keyDesc(n int) string {
 		return "IPv4 addresses"
 	}
 	return fmt.Sprintf("keys of %d bytes", n)
-}
-
-// measure builds a fresh l, gives it every key once (the heap it then
-// holds, per key, is its bytes), and times ops decisions serial, then
-// parallel on GOMAXPROCS goroutines.
-func measure(l limiter, keys []string, order []int32, ops int) (result, error) {
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	take, err := l.build()
-	if err != nil {
-		return result{}, err
-	}
-	for _, k := range keys {
-		take(k)
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	res := result{bytes: float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(len(keys))}
-
-	mask := len(order) - 1
-	start := time.Now()
-	for i := 0; i < ops; i++ {
-		take(keys[order[i&mask]])
-	}
-	res.serial = float64(time.Since(start).Nanoseconds()) / float64(ops)
-
-	procs := runtime.GOMAXPROCS(0)
-	var wg sync.WaitGroup
-	start = time.Now()
-	for g := 0; g < procs; g++ {
-		wg.Add(1)
-		go func(g int) {
-			defer wg.Done()
-			for i := g * 7919; i < g*7919+ops/procs; i++ {
-				take(keys[order[i&mask]])
-			}
-		}(g)
-	}
-	wg.Wait()
-	res.parallel = float64(time.Since(start).Nanoseconds()) / float64(ops)
-	runtime.KeepAlive(take)
-	return res, nil
 }
