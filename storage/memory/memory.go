@@ -244,7 +244,9 @@ func (s *Store) setCopy(key string, d algorithms.Decision, cost int64, charged, 
 	}
 	sh.setState(i, &st)
 	sh.mu.Unlock()
-	s.evictElsewhere(elsewhere, sh)
+	if elsewhere {
+		s.evictElsewhere(sh)
+	}
 }
 
 // Take decides one request for key at now. It never fails.
@@ -253,7 +255,9 @@ func (s *Store) Take(_ context.Context, key string, now, cost int64) (algorithms
 	sh.mu.Lock()
 	d, elsewhere := s.takeLocked(sh, hashed{h, tag}, now, cost)
 	sh.mu.Unlock()
-	s.evictElsewhere(elsewhere, sh)
+	if elsewhere {
+		s.evictElsewhere(sh)
+	}
 	return d, nil
 }
 
@@ -263,7 +267,12 @@ type hashed struct{ h, tag uint64 }
 // takeLocked decides a request of cost for the key k in sh at now, as
 // Take does, sh.mu held; elsewhere is insert's.
 func (s *Store) takeLocked(sh *shard, k hashed, now, cost int64) (d algorithms.Decision, elsewhere bool) {
-	i, elsewhere := s.get(sh, k.h, k.tag)
+	i := sh.find(k.h, k.tag) // get, inline: the hot path
+	if i >= 0 {
+		sh.touch(i)
+	} else {
+		i, elsewhere = s.insert(sh, k.h, k.tag)
+	}
 	st := sh.state(i)
 	d = s.limit.Take(&st, s.at(now), cost)
 	sh.setState(i, &st)
@@ -336,13 +345,11 @@ func (s *Store) tryEvict(own *shard) bool {
 	return false
 }
 
-// evictElsewhere, when elsewhere, evicts a key from the first shard
-// after own that holds one (or from own, if none does), if the zone
-// still holds more than MaxKeys. It must be called holding no lock.
-func (s *Store) evictElsewhere(elsewhere bool, own *shard) {
-	if !elsewhere {
-		return
-	}
+// evictElsewhere evicts a key from the first shard after own that holds
+// one (or from own, if none does), if the zone still holds more than
+// MaxKeys: what insert left to do (its elsewhere). It must be called
+// holding no lock.
+func (s *Store) evictElsewhere(own *shard) {
 	start := (uintptr(unsafe.Pointer(own)) - uintptr(unsafe.Pointer(&s.shards[0]))) / unsafe.Sizeof(*own)
 	for k := uint64(1); k <= s.mask+1; k++ {
 		sh := &s.shards[(uint64(start)+k)&s.mask]
@@ -373,7 +380,9 @@ func (s *Store) Grant(_ context.Context, key string, now, amount int64) (algorit
 	d, err := s.limit.Grant(&st, now, amount)
 	sh.setState(i, &st)
 	sh.mu.Unlock()
-	s.evictElsewhere(elsewhere, sh)
+	if elsewhere {
+		s.evictElsewhere(sh)
+	}
 	return d, err
 }
 

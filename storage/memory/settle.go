@@ -43,7 +43,9 @@ func (s *Store) Settle(_ context.Context, key string, now, reserved, actual int6
 		sh.setState(i, &st)
 	}
 	sh.mu.Unlock()
-	s.evictElsewhere(elsewhere, sh)
+	if elsewhere {
+		s.evictElsewhere(sh)
+	}
 	return nil
 }
 

@@ -115,7 +115,9 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 		sh.mu.Unlock()
 	}
 	for i, e := range elsewhere {
-		reqs[i].Store.evictElsewhere(e, shards[i])
+		if e {
+			reqs[i].Store.evictElsewhere(shards[i])
+		}
 	}
 	return rejected
 }
