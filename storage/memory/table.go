@@ -111,10 +111,20 @@ func (sh *shard) touch(i int) {
 	}
 }
 
+// slot returns slot i's words. sh.mu must be held.
+func (sh *shard) slot(i int) []uint64 {
+	b := i * sh.stride
+	return sh.words[b : b+sh.stride : b+sh.stride]
+}
+
 // state returns slot i's state. sh.mu must be held.
 func (sh *shard) state(i int) algorithms.State {
-	b := i * sh.stride
-	w := sh.words[b : b+sh.stride]
+	return sh.load(i, sh.slot(i))
+}
+
+// load returns the state in w, slot i's words (see slot). sh.mu must be
+// held.
+func (sh *shard) load(i int, w []uint64) algorithms.State {
 	s := algorithms.State{At: int64(w[2]), Level: int64(w[3])}
 	if len(w) == windowStride {
 		s.Prev, s.Head = int64(w[4]), int64(w[5])
@@ -127,8 +137,11 @@ func (sh *shard) state(i int) algorithms.State {
 
 // setState stores s in slot i. sh.mu must be held.
 func (sh *shard) setState(i int, s *algorithms.State) {
-	b := i * sh.stride
-	w := sh.words[b : b+sh.stride]
+	sh.store(i, sh.slot(i), s)
+}
+
+// store stores s in w, slot i's words (see slot). sh.mu must be held.
+func (sh *shard) store(i int, w []uint64, s *algorithms.State) {
 	w[2], w[3] = uint64(s.At), uint64(s.Level)
 	if len(w) == windowStride {
 		w[4], w[5] = uint64(s.Prev), uint64(s.Head)
