@@ -8,17 +8,9 @@ import (
 	"github.com/caddy-tollgate/tollgate/storage/memory"
 )
 
-// Memory a key can cost in the memory store, in bytes, for the bound
-// checked at load: its entry (128 bytes, with the state, the LRU links
-// and a key of up to 24 bytes) and its share of its shard's table (16 to
-// 43 bytes: 16-byte slots, from 3/8 to 3/4 full), 165 bytes measured by
-// BenchmarkBytesPerKey in storage/memory, rounded up; plus the longest key
-// stored as it is (storage.MaxKeyLen), plus a full sliding_log's 8 bytes
-// per event.
-const (
-	keyOverheadBytes = 176
-	logEntryBytes    = 8
-)
+// logEntryBytes is what a full sliding_log holds per event: one
+// timestamp. The rest of a key's memory is memory.BytesPerKey.
+const logEntryBytes = 8
 
 // memoryWarnBytes is the worst-case memory per zone above which a zone on
 // the memory store (or with on_storage_error local) is warned about at
@@ -26,7 +18,7 @@ const (
 const memoryWarnBytes = 4 << 30
 
 // worstCaseBytes is the most memory a zone's memory store can hold: every
-// one of max_keys keys at its longest with a full state. A sliding_log
+// one of max_keys keys with a full state (a key's bytes are not kept). A sliding_log
 // grows its log with its entries, so a key that made one request costs far
 // less; this is the bound an attacker with many addresses can reach.
 func worstCaseBytes(z storage.Zone) int64 {
@@ -34,7 +26,7 @@ func worstCaseBytes(z storage.Zone) int64 {
 	if keys <= 0 {
 		keys = memory.DefaultMaxKeys
 	}
-	per := int64(keyOverheadBytes + storage.MaxKeyLen)
+	per := memory.BytesPerKey(z.Limit.Kind)
 	if z.Limit.Kind == algorithms.SlidingLog {
 		per += logEntryBytes * z.Limit.Events
 	}

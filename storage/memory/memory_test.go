@@ -3,11 +3,8 @@ package memory
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"runtime"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,29 +83,38 @@ func TestMaxKeysBound(t *testing.T) {
 	}
 }
 
-// TestRecencyKeptToHalfTheList: with max_keys 4, a key is moved to the
-// front by a decision only once 2 moves came after its own; in the front
-// half it stays where it is, and may go before a key used earlier.
-func TestRecencyKeptToHalfTheList(t *testing.T) {
+// TestClockKeepsUsedKeys: with max_keys 4 (one shard), a new key evicts
+// the first key the CLOCK hand finds unused since it last passed. Every
+// key starts used, so the first eviction clears every bit and evicts
+// where the hand started; from then on, a key used again, or new, is
+// passed over for one that was not.
+func TestClockKeepsUsedKeys(t *testing.T) {
 	s := newStore(t, algorithms.FixedWindow, 100, time.Hour, 4)
 	now := 100 * sec
 	for _, k := range []string{"a", "b", "c", "d"} {
-		take(t, s, k, now) // the list, front first: d c b a
+		take(t, s, k, now)
 	}
-	take(t, s, "a", now) // 3 moves since a's: to the front (a d c b)
-	take(t, s, "d", now) // 1 move since d's: stays (a d c b)
-	take(t, s, "e", now) // evicts b
-	if _, ok, _ := shardOfPeek(s, "b", now); ok {
-		t.Fatal("b kept, want evicted: the least recently used")
+	take(t, s, "e", now) // clears every bit, evicts one of a..d
+	if s.Evictions() != 1 || s.Len() != 4 {
+		t.Fatalf("Evictions %d, Len %d; want 1 and 4", s.Evictions(), s.Len())
 	}
-	if _, ok, _ := shardOfPeek(s, "a", now); !ok {
-		t.Fatal("a evicted, want kept: moved to the front")
+	var kept []string
+	for _, k := range []string{"a", "b", "c", "d"} {
+		if _, ok, _ := s.Peek(context.Background(), k, now); ok {
+			kept = append(kept, k)
+		}
 	}
-	take(t, s, "f", now) // evicts c
-	take(t, s, "g", now) // evicts d: used after a, but never moved
-	for k, want := range map[string]bool{"a": true, "c": false, "d": false, "e": true, "f": true, "g": true} {
-		if _, ok, _ := shardOfPeek(s, k, now); ok != want {
-			t.Errorf("%s held = %v, want %v", k, ok, want)
+	if len(kept) != 3 {
+		t.Fatalf("kept %v of a..d, want 3 of them", kept)
+	}
+	// Use all but kept[1]: the next new key must evict it and no other.
+	take(t, s, kept[0], now)
+	take(t, s, kept[2], now)
+	take(t, s, "f", now)
+	for _, k := range append(kept, "e", "f") {
+		_, ok, _ := s.Peek(context.Background(), k, now)
+		if want := k != kept[1]; ok != want {
+			t.Errorf("%s held = %v, want %v: %s is the one key not used since the hand passed", k, ok, want, kept[1])
 		}
 	}
 	checkConsistent(t, s)
@@ -119,7 +125,7 @@ func shardOfPeek(s *Store, key string, now int64) (algorithms.Decision, bool, er
 }
 
 func shardOf(s *Store, key string) *shard {
-	_, sh := s.locate(key)
+	_, _, sh := s.locate(key)
 	return sh
 }
 
@@ -174,35 +180,51 @@ func TestNoEvictionBelowMaxKeys(t *testing.T) {
 	}
 }
 
-// TestEvictionOrderAcrossShards: the zone's least recently used key goes
-// first, whichever shard it is in.
-func TestEvictionOrderAcrossShards(t *testing.T) {
+// TestUnusedKeyGoesFirst: in a zone of 50 keys, where every key but one
+// was used again after the hand last cleared the bits, a new key evicts
+// that one, and new0 (used when it came) stays.
+func TestUnusedKeyGoesFirst(t *testing.T) {
 	s := newStore(t, algorithms.TokenBucket, 5, time.Hour, 50)
 	now := 100 * sec
 	for i := 0; i < 50; i++ {
 		take(t, s, strconv.Itoa(i), now)
 	}
-	// Use all but 7 and 31 again: those two are now the least recently
-	// used, in order.
+	// Every key starts used: the first new key's hand clears every bit
+	// on its way round, and evicts one key, gone.
+	take(t, s, "new0", now+sec)
+	gone := -1
 	for i := 0; i < 50; i++ {
-		if i != 7 && i != 31 {
+		if _, ok, _ := s.Peek(context.Background(), strconv.Itoa(i), now); !ok {
+			if gone >= 0 {
+				t.Fatalf("%d and %d evicted for one new key", gone, i)
+			}
+			gone = i
+		}
+	}
+	if gone < 0 {
+		t.Fatal("no key evicted for a new key in a full zone")
+	}
+	unused := (gone + 1) % 50 // any key but gone
+	for i := 0; i < 50; i++ {
+		if i != unused && i != gone {
 			take(t, s, strconv.Itoa(i), now+sec)
 		}
 	}
-	take(t, s, "31", now+2*sec) // 7 is the oldest now
 	take(t, s, "new1", now+2*sec)
-	if _, ok, _ := s.Peek(context.Background(), "7", now); ok {
-		t.Fatal("7 kept, want evicted: it is the zone's least recently used key")
+	if _, ok, _ := s.Peek(context.Background(), strconv.Itoa(unused), now); ok {
+		t.Fatalf("%d kept, want evicted: the one key not used since the hand passed", unused)
 	}
 	for i := 0; i < 50; i++ {
-		if _, ok, _ := s.Peek(context.Background(), strconv.Itoa(i), now); !ok && i != 7 {
-			t.Fatalf("%d evicted, want only 7 gone", i)
+		if _, ok, _ := s.Peek(context.Background(), strconv.Itoa(i), now); !ok && i != unused && i != gone {
+			t.Fatalf("%d evicted, want only %d gone", i, unused)
 		}
 	}
+	checkConsistent(t, s)
 }
 
-// checkConsistent checks that the eviction list, the count and the tables
-// agree, and that every entry is where a lookup finds it.
+// checkConsistent checks that the count and the tables agree, that the
+// zone holds at most max_keys, and that every key is where a lookup finds
+// it.
 func checkConsistent(t *testing.T, s *Store) {
 	t.Helper()
 	live := 0
@@ -210,21 +232,14 @@ func checkConsistent(t *testing.T, s *Store) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		checkTable(t, sh)
-		for _, sl := range sh.slots {
-			if sl.e != nil && !sl.e.evicted.Load() {
-				live++
-			}
+		if uint64(i) > s.mask && sh.n != 0 {
+			t.Fatalf("shard %d of %d holds %d keys", i, s.mask+1, sh.n)
 		}
+		live += sh.n
 		sh.mu.Unlock()
 	}
-	s.list.mu.Lock()
-	defer s.list.mu.Unlock()
-	listed := 0
-	for e := s.list.head; e != nil; e = e.next {
-		listed++
-	}
-	if int64(live) != s.list.n || int64(listed) != s.list.n || s.Len() != live || (int64(live) > s.maxKeys && s.limit.Kind != algorithms.Concurrency) {
-		t.Fatalf("inconsistent: %d live in maps, %d listed, n %d, Len %d, max %d", live, listed, s.list.n, s.Len(), s.maxKeys)
+	if s.Len() != live || (int64(live) > s.maxKeys && s.limit.Kind != algorithms.Concurrency) {
+		t.Fatalf("inconsistent: %d keys in the tables, Len %d, max %d", live, s.Len(), s.maxKeys)
 	}
 }
 
@@ -299,141 +314,6 @@ func TestConcurrentTakesAdmitExactlyBurst(t *testing.T) {
 	admitted.Wait()
 	if n != 1000 {
 		t.Fatalf("admitted %d of 3200, want exactly 1000", n)
-	}
-}
-
-// BenchmarkTake measures one decision on the memory store, with one hot key
-// and with 100,000 keys, serial and parallel; and, serial, with 10,000 and
-// 100,000 keys taken in random order, as clients come (taken in the order
-// they were inserted, the store's memory is read in order, which the
-// processor fetches ahead).
-func BenchmarkTake(b *testing.B) {
-	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog, algorithms.FixedWindow, algorithms.LeakyBucket} {
-		for _, keys := range []int{1, 100_000} {
-			for _, mode := range []string{"serial", "parallel"} {
-				b.Run(fmt.Sprintf("alg=%s/keys=%d/%s", kind, keys, mode), func(b *testing.B) {
-					benchTake(b, kind, keys, mode)
-				})
-			}
-		}
-		for _, keys := range []int{10_000, 100_000} {
-			b.Run(fmt.Sprintf("alg=%s/keys=%d/random", kind, keys), func(b *testing.B) {
-				benchTake(b, kind, keys, "random")
-			})
-		}
-	}
-}
-
-// benchTake runs one BenchmarkTake case; mode is serial, parallel or
-// random (serial, the keys in random order).
-func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, mode string) {
-	l := benchLimit(b, kind)
-	s := New(storage.Zone{Name: "bench", Limit: l})
-	keys := make([]string, nkeys)
-	ctx := context.Background()
-	for i := range keys {
-		keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
-		s.Take(ctx, keys[i], 1, algorithms.Milli)
-	}
-	// The clock is the handler's business: the store is given now. It
-	// advances 1µs a decision, as under a million decisions a second.
-	var clock atomic.Int64
-	clock.Store(1)
-	b.ReportAllocs()
-	b.ResetTimer()
-	switch mode {
-	case "random":
-		rng := rand.New(rand.NewPCG(1, 2))
-		order := make([]int32, 1<<16)
-		for i := range order {
-			order[i] = int32(rng.IntN(nkeys))
-		}
-		now := int64(1)
-		for i := 0; b.Loop(); i++ {
-			now++
-			s.Take(ctx, keys[order[i%len(order)]], now, algorithms.Milli)
-		}
-		return
-	case "serial":
-		now := int64(1)
-		for i := 0; b.Loop(); i++ {
-			now++
-			s.Take(ctx, keys[i%nkeys], now, algorithms.Milli)
-		}
-		return
-	}
-	var seq atomic.Int64
-	b.RunParallel(func(pb *testing.PB) {
-		i := int(seq.Add(1)) * 7919
-		for pb.Next() {
-			i++
-			s.Take(ctx, keys[i%nkeys], clock.Add(1), algorithms.Milli)
-		}
-	})
-}
-
-// benchLimit is a limit of kind that admits most requests, so that the
-// allowed path is measured: a million a second, or for a sliding_log
-// (which keeps an entry per event) 100.
-func benchLimit(b *testing.B, kind algorithms.Kind) algorithms.Limit {
-	l, err := algorithms.NewLimit(kind, 1_000_000, time.Second, 0, 0)
-	if kind == algorithms.SlidingLog {
-		l, err = algorithms.NewLimit(kind, 100, time.Second, 0, 0)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	return l
-}
-
-// BenchmarkBytesPerKey reports the memory store's heap bytes per key for
-// each algorithm: 100,000 keys with one request each, and for sliding_log
-// also a zone of 100,000 events per hour after 1 and after 100 requests per
-// key (its log grows with its entries, not with events).
-func BenchmarkBytesPerKey(b *testing.B) {
-	type config struct {
-		name     string
-		kind     algorithms.Kind
-		events   int64
-		requests int
-	}
-	var configs []config
-	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog, algorithms.FixedWindow, algorithms.LeakyBucket} {
-		configs = append(configs, config{"alg=" + kind.String(), kind, 100, 1})
-	}
-	configs = append(configs,
-		config{"alg=sliding_log/events=100000/requests=1", algorithms.SlidingLog, 100_000, 1},
-		config{"alg=sliding_log/events=100000/requests=100", algorithms.SlidingLog, 100_000, 100},
-	)
-	for _, c := range configs {
-		b.Run(c.name, func(b *testing.B) {
-			const n = 100_000
-			l, err := algorithms.NewLimit(c.kind, c.events, time.Hour, 0, 0)
-			if err != nil {
-				b.Fatal(err)
-			}
-			keys := make([]string, n)
-			for i := range keys {
-				keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
-			}
-			var perKey float64
-			for b.Loop() {
-				var before, after runtime.MemStats
-				runtime.GC()
-				runtime.ReadMemStats(&before)
-				s := New(storage.Zone{Name: "mem", Limit: l})
-				for r := 0; r < c.requests; r++ {
-					for _, k := range keys {
-						s.Take(context.Background(), k, int64(1+r), algorithms.Milli)
-					}
-				}
-				runtime.GC()
-				runtime.ReadMemStats(&after)
-				perKey = float64(after.HeapAlloc-before.HeapAlloc) / n
-				runtime.KeepAlive(s)
-			}
-			b.ReportMetric(perKey, "bytes/key")
-		})
 	}
 }
 

@@ -21,7 +21,7 @@ func (s *Store) Settle(_ context.Context, key string, now, reserved, actual int6
 		return nil
 	}
 	now = s.at(now)
-	h, sh := s.locate(key)
+	h, tag, sh := s.locate(key)
 	sh.mu.Lock()
 	at := taken.At
 	if actual > reserved {
@@ -31,18 +31,21 @@ func (s *Store) Settle(_ context.Context, key string, now, reserved, actual int6
 		sh.mu.Unlock()
 		return nil
 	}
-	var victim *entry
+	i, elsewhere := -1, false
 	if actual < reserved {
-		if i := sh.live(h, key); i >= 0 {
-			s.limit.Settle(&sh.slots[i].e.state, now, reserved, actual, taken)
-		}
+		i = sh.find(h, tag)
 	} else {
-		var e *entry
-		e, victim = s.get(sh, h, key)
-		s.limit.Settle(&e.state, now, reserved, actual, taken)
+		i, elsewhere = s.get(sh, h, tag)
+	}
+	if i >= 0 {
+		st := sh.state(i)
+		s.limit.Settle(&st, now, reserved, actual, taken)
+		sh.setState(i, &st)
 	}
 	sh.mu.Unlock()
-	s.drop(victim)
+	if elsewhere {
+		s.evictElsewhere(sh)
+	}
 	return nil
 }
 

@@ -1,0 +1,262 @@
+package memory
+
+import (
+	"sync"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+)
+
+// A shard's table is one slice of words, a slot every stride words, with
+// no pointer in it (the collector never scans it), laid out as
+//
+//	word 0: the key's hash (its shard's bits low, its home slot's above)
+//	word 1: the key's tag, a second hash of the key, seeded apart, with
+//	        bit 0 set (the slot is used) and bit 1 the CLOCK bit (used
+//	        since the hand last came by)
+//	word 2, 3: the state's At and Level
+//	word 4, 5: the state's Prev and Head (not for the bucket family)
+//
+// so a bucket-family slot is 32 bytes, two to a cache line, and any
+// other 48. A key is its two hashes, 126 bits: two keys that agree on
+// both share a state. With the hashes seeded at random for each store,
+// that is about one chance in 2^85 for a zone's whole million keys, far
+// below the odds of a memory error; a client cannot aim for it without
+// the seeds. A sliding_log's ring, which grows with its entries, is kept
+// beside the table, in logs, slot for slot.
+const (
+	usedBit = 1
+	refBit  = 2
+
+	bucketStride = 4 // words a slot of the bucket family holds
+	windowStride = 6 // words a slot of any other kind holds
+)
+
+// maxFill is how full, in sixteenths, a table may be before it doubles:
+// 13/16, so that it is between 13/32 and 13/16 full. With slots of 32
+// bytes, a lookup's linear probe (2.6 slots on average at 3/4 full) stays
+// mostly within the line of its home slot and the next, which the
+// processor fetches together; fuller, inserts' probes grow fast (1/(1-f)^2).
+const maxFill = 13
+
+// BytesPerKey is the most heap a key of a zone of kind holds in the
+// store, a sliding_log's ring aside: its slot (and a sliding_log's ring
+// header) over the least fill a growing table has, 13/32. A key's bytes
+// are not kept. A table is sized by the most keys its shard has held
+// since it last shrank.
+func BytesPerKey(kind algorithms.Kind) int64 {
+	slot := int64(strideOf(kind)) * 8
+	if kind == algorithms.SlidingLog {
+		slot += 24 // the ring's slice header, in logs
+	}
+	return (slot*32 + maxFill - 1) / maxFill
+}
+
+// strideOf is how many words a slot of kind holds: the bucket family's
+// state is At and Level only.
+func strideOf(k algorithms.Kind) int {
+	switch k {
+	case algorithms.TokenBucket, algorithms.GCRA, algorithms.LeakyBucket:
+		return bucketStride
+	}
+	return windowStride
+}
+
+// shard is one table of a store, guarded by mu: size is 0 or a power of
+// two, n of its slots are used, and hand is the CLOCK's place. A key's
+// home slot comes from its hash's bits above those that choose its shard;
+// the table is at most maxFill/16 full, so a probe always ends at an
+// empty slot.
+type shard struct {
+	mu     sync.Mutex
+	words  []uint64  // size slots of stride words
+	logs   [][]int64 // a sliding_log's rings, one per slot; nil for other kinds
+	size   int
+	n      int
+	hand   int
+	stride int
+	log    bool     // the store is a sliding_log's: logs is kept
+	_      [64]byte // keep shards on separate cache lines
+}
+
+// home is the slot where a probe for hash h starts, in a table of mask+1
+// slots: the hash's bits above the shard's.
+func home(h uint64, mask int) int {
+	return int(h>>shardBits) & mask
+}
+
+// find returns the index of the slot of the key whose hash is h and tag
+// is tag (usedBit set, refBit clear), or -1. sh.mu must be held.
+func (sh *shard) find(h, tag uint64) int {
+	if sh.size == 0 {
+		return -1
+	}
+	mask, w, st := sh.size-1, sh.words, sh.stride
+	for i := home(h, mask); ; i = (i + 1) & mask {
+		b := i * st
+		t := w[b+1]
+		if t == 0 {
+			return -1
+		}
+		if w[b] == h && t&^refBit == tag {
+			return i
+		}
+	}
+}
+
+// touch sets slot i's CLOCK bit, if it is not set already (a decision
+// that finds it set writes nothing). sh.mu must be held.
+func (sh *shard) touch(i int) {
+	if t := &sh.words[i*sh.stride+1]; *t&refBit == 0 {
+		*t |= refBit
+	}
+}
+
+// slot returns slot i's words. sh.mu must be held.
+func (sh *shard) slot(i int) []uint64 {
+	b := i * sh.stride
+	return sh.words[b : b+sh.stride : b+sh.stride]
+}
+
+// state returns slot i's state. sh.mu must be held.
+func (sh *shard) state(i int) algorithms.State {
+	return sh.load(i, sh.slot(i))
+}
+
+// load returns the state in w, slot i's words (see slot). sh.mu must be
+// held.
+func (sh *shard) load(i int, w []uint64) algorithms.State {
+	s := algorithms.State{At: int64(w[2]), Level: int64(w[3])}
+	if len(w) == windowStride {
+		s.Prev, s.Head = int64(w[4]), int64(w[5])
+	}
+	if sh.log {
+		s.Log = sh.logs[i]
+	}
+	return s
+}
+
+// setState stores s in slot i. sh.mu must be held.
+func (sh *shard) setState(i int, s *algorithms.State) {
+	sh.store(i, sh.slot(i), s)
+}
+
+// store stores s in w, slot i's words (see slot). sh.mu must be held.
+func (sh *shard) store(i int, w []uint64, s *algorithms.State) {
+	w[2], w[3] = uint64(s.At), uint64(s.Level)
+	if len(w) == windowStride {
+		w[4], w[5] = uint64(s.Prev), uint64(s.Head)
+	}
+	if sh.log {
+		sh.logs[i] = s.Log
+	}
+}
+
+// add puts a fresh key, whose hash is h and tag is tag, in sh, growing
+// the table if it would be more than maxFill/16 full, and returns its slot. Its
+// CLOCK bit is set: a key gets one turn of the hand before it can go.
+// The key must not be in sh. sh.mu must be held.
+func (sh *shard) add(h, tag uint64) int {
+	if (sh.n+1)*16 > sh.size*maxFill {
+		sh.resize(max(8, 2*sh.size))
+	}
+	mask, st := sh.size-1, sh.stride
+	i := home(h, mask)
+	for sh.words[i*st+1] != 0 {
+		i = (i + 1) & mask
+	}
+	b := i * st
+	sh.words[b], sh.words[b+1] = h, tag|refBit
+	sh.n++
+	return i
+}
+
+// resize moves sh's keys to a table of size slots, a power of two above
+// 4/3 of them. sh.mu must be held.
+func (sh *shard) resize(size int) {
+	old, oldLogs, st := sh.words, sh.logs, sh.stride
+	sh.words, sh.size = make([]uint64, size*st), size
+	sh.logs = nil
+	if sh.log {
+		sh.logs = make([][]int64, size)
+	}
+	mask := size - 1
+	for b := 0; b < len(old); b += st {
+		if old[b+1] == 0 {
+			continue
+		}
+		i := home(old[b], mask)
+		for sh.words[i*st+1] != 0 {
+			i = (i + 1) & mask
+		}
+		copy(sh.words[i*st:(i+1)*st], old[b:b+st])
+		if sh.log {
+			sh.logs[i] = oldLogs[b/st]
+		}
+	}
+	sh.hand &= mask
+}
+
+// deleteAt empties slot i, shifting back the keys after it in its probe
+// sequence that would no longer be found past the gap. A key only ever
+// moves towards its home slot. sh.mu must be held.
+func (sh *shard) deleteAt(i int) {
+	mask, w, st := sh.size-1, sh.words, sh.stride
+	for j := (i + 1) & mask; w[j*st+1] != 0; j = (j + 1) & mask {
+		// The key at j may fill the gap at i unless its home is
+		// cyclically in (i, j]: then it is already where a probe from
+		// its home finds it.
+		if k := home(w[j*st], mask); (j-k)&mask >= (j-i)&mask {
+			copy(w[i*st:(i+1)*st], w[j*st:(j+1)*st])
+			if sh.log {
+				sh.logs[i] = sh.logs[j]
+			}
+			i = j
+		}
+	}
+	clear(w[i*st : (i+1)*st])
+	if sh.log {
+		sh.logs[i] = nil
+	}
+	sh.n--
+}
+
+// evict removes the key the CLOCK hand comes to first with its bit
+// clear, clearing the bits it passes: a key used since the hand last
+// passed it stays for another turn. sh must hold a key. sh.mu must be
+// held.
+func (sh *shard) evict() {
+	mask, w, st := sh.size-1, sh.words, sh.stride
+	for i := sh.hand & mask; ; i = (i + 1) & mask {
+		t := &w[i*st+1]
+		switch {
+		case *t == 0:
+		case *t&refBit != 0:
+			*t &^= refBit
+		default:
+			sh.deleteAt(i)
+			// The next key of the probe may have moved into slot i:
+			// the hand looks there next.
+			sh.hand = i
+			return
+		}
+	}
+}
+
+// shrink gives back a table that sweeps and resets left mostly empty:
+// when at most an eighth of its slots are used, it is resized to the
+// smallest power of two (8 at least) that its keys fill at most half.
+// sh.mu must be held.
+func (sh *shard) shrink() {
+	if sh.size <= 8 || sh.n*8 > sh.size {
+		return
+	}
+	if sh.n == 0 {
+		sh.words, sh.logs, sh.size, sh.hand = nil, nil, 0, 0
+		return
+	}
+	size := 8
+	for size < 2*sh.n {
+		size *= 2
+	}
+	sh.resize(size)
+}
