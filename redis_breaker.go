@@ -151,6 +151,26 @@ func redisFailure(parent context.Context, err error) evidence {
 	return weakEvidence
 }
 
+// unsent reports whether a call that failed with err did not run on
+// Redis: the breaker was open, no pool connection was free, the
+// connection could not be made or was found closed by the peer (a
+// Redis that was gone: one that ran the call would have answered, unless
+// it died in the µs between), or the request could not be written. A
+// call that timed out may have run on Redis, or may still (a stalled
+// Redis runs what it was sent once it resumes).
+func unsent(err error) bool {
+	var opErr *net.OpError
+	switch {
+	case errors.Is(err, errRedisDown), errors.Is(err, goredis.ErrPoolTimeout),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE), errors.Is(err, io.EOF):
+		return true
+	case errors.As(err, &opErr):
+		return opErr.Op == "dial" || opErr.Op == "write"
+	}
+	return false
+}
+
 // dialRefused reports whether err is a dial that failed other than by a
 // timeout. (Its own function: the target of errors.As escapes to the heap,
 // which would cost every decision an allocation, answered or not.)

@@ -107,7 +107,7 @@ func TestResetFollowedWhileRedisRecoversReturnsTheProbe(t *testing.T) {
 	// the copy's is called after it: once it has been, the copy's follow
 	// is under way, and done when it has given its place back.
 	heard := make(chan string, 1)
-	stop := liveRedisStore(t).OnReset(l.inner, func(key string) {
+	stop := liveRedisStore(t).OnReset(l.inner, func(key string, _ int64) {
 		select {
 		case heard <- key:
 		default:

@@ -23,6 +23,7 @@ import (
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/memory"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 func init() {
@@ -160,6 +161,9 @@ type pooledRedis struct {
 		retired bool // no configuration uses it: close once held is 0
 	}
 	renewLog logThrottle // failed lease renewals: one line per interval
+	// owed keeps the settlements Redis could not hear until it does
+	// (see shared.Owed); while it keeps any, the client stays open.
+	owed shared.Owed
 }
 
 // Destruct closes the client when no configuration uses it any more, or,
@@ -178,6 +182,19 @@ func (p *pooledRedis) Destruct() error {
 func (p *pooledRedis) close() error {
 	p.store.Close()
 	return p.client.Close()
+}
+
+// call returns a function that makes one call to Redis through the
+// breaker, bounded by timeout: what the settlements kept in owed are
+// applied with.
+func (p *pooledRedis) call(timeout time.Duration) func(fn func(ctx context.Context) error) error {
+	return func(fn func(ctx context.Context) error) error {
+		return p.health.do(context.Background(), func() (bool, error) {
+			c, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			return true, fn(c)
+		})
+	}
 }
 
 // acquire counts a request holding a lease through the client, and
@@ -259,6 +276,14 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 			})
 		}
 		p.health.logger = r.logger
+		p.owed = shared.Owed{
+			Retry:   redisRetryEvery,
+			Now:     monotonicMicros,
+			Do:      p.call(r.timeout),
+			Unsent:  unsent,
+			Hold:    p.acquire,
+			Release: p.release,
+		}
 		logger := r.logger
 		// A tick renews every lease due in one pipeline, which may take
 		// Redis longer than one decision's timeout: it gets a second at
@@ -497,13 +522,14 @@ func (r *RedisStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
 	if r.client == nil {
 		return nil, errors.New("redis storage is not provisioned")
 	}
-	return &redisLimiter{inner: r.client.store.Zone(z), timeout: r.timeout, health: &r.client.health, pool: r.client}, nil
+	return &redisLimiter{inner: r.client.store.Zone(z), limit: z.Limit, timeout: r.timeout, health: &r.client.health, pool: r.client}, nil
 }
 
 // redisLimiter bounds each call to a zone's Redis limiter by the timeout
 // and the breaker.
 type redisLimiter struct {
 	inner   storage.Limiter
+	limit   algorithms.Limit
 	timeout time.Duration
 	health  *redisHealth
 	pool    *pooledRedis // the client inner runs on
@@ -520,6 +546,17 @@ func (l *redisLimiter) Close() {
 	if l.stopResets != nil {
 		l.stopResets()
 	}
+}
+
+// heard follows, in the local copy, a reset (grant 0) or a grant of
+// grant milli-units to key that an instance published (see
+// redisstore.Store.OnReset): a grant as a grant, a reset by resetCopy.
+func (l *redisLimiter) heard(key string, grant int64) {
+	if grant > 0 {
+		_, _ = l.copy.Grant(context.Background(), key, clock(), grant)
+		return
+	}
+	l.resetCopy(key)
 }
 
 // resetCopy brings the local copy of key up to its state on Redis after
@@ -580,6 +617,9 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 		defer cancel()
 		return true, l.inner.Undo(c, key, now, cost, taken)
 	})
+	if err != nil && l.limit.Kind != algorithms.Concurrency {
+		err = l.keep(key, taken, cost, err)
+	}
 	// A slot's local count is given back by its request itself (see
 	// countSlots): it is not a copy of Redis's.
 	if err == nil && l.copy != nil && l.copy.Limit().Kind != algorithms.Concurrency {
@@ -588,40 +628,77 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 	return err
 }
 
+// keep keeps a settlement that failed with err, giving back give
+// milli-units (owing -give), until Redis hears it (see shared.Owed), and
+// returns nil if it was kept, else err. A settlement whose call may have
+// reached Redis is not kept: it may have been applied.
+func (l *redisLimiter) keep(key string, taken algorithms.Decision, give int64, err error) error {
+	s, ok := l.inner.(storage.Settler)
+	if !ok || !unsent(err) {
+		return err
+	}
+	// Counted from now, not from taken.At: Redis's clock is not this
+	// instance's, and a little late is harmless (past its window, a
+	// settlement changes nothing).
+	if !l.pool.owed.Keep(s, key, taken, give, monotonicMicros()+storage.Horizon(&l.limit)) {
+		return fmt.Errorf("%w (not kept: the window has ended, or too many are kept)", err)
+	}
+	return nil
+}
+
 // Grant gives key extra quota for its current window on Redis (see
-// storage.Granter), through the breaker and timeout of a decision; the
-// local copy of on_storage_error local learns the key's state after it.
+// storage.Granter).
 func (l *redisLimiter) Grant(ctx context.Context, key string, now, amount int64) (algorithms.Decision, error) {
-	g, ok := l.inner.(storage.Granter)
-	if !ok {
-		return algorithms.Decision{}, fmt.Errorf("%T keeps no grants", l.inner)
-	}
-	var d algorithms.Decision
-	err := l.health.do(ctx, func() (bool, error) {
-		c, cancel := context.WithTimeout(ctx, l.timeout)
-		defer cancel()
-		var err error
-		d, err = g.Grant(c, key, now, amount)
-		return true, err
-	})
-	if err == nil && l.copy != nil {
-		l.copy.Seed(key, d, 0, false)
-	}
+	d, _, err := l.GrantOnce(ctx, key, now, amount, "")
 	return d, err
 }
 
-// grantedElsewhere has l learn a grant to key that another handler's
-// client made on the same Redis keys in this process (see grantScope), d
-// the decision after it: its deny cache forgets the key's rejection, and
-// its local copy learns the key's state, as Grant does, without waiting
-// for the message every instance hears.
-func (l *redisLimiter) grantedElsewhere(key string, d algorithms.Decision) {
+// GrantOnce gives key extra quota for its current window on Redis, once
+// for an id (see storage.OnceGranter), through the breaker and timeout
+// of a decision. The local copy of on_storage_error local follows a grant
+// applied as it follows any decision: the grant, then the state after it.
+// An error that wraps redisstore.ErrNotAnnounced says the grant was
+// applied.
+func (l *redisLimiter) GrantOnce(ctx context.Context, key string, now, amount int64, id string) (d algorithms.Decision, applied bool, err error) {
+	g, ok := l.inner.(storage.OnceGranter)
+	if !ok {
+		return d, false, fmt.Errorf("%T keeps no grants", l.inner)
+	}
+	err = l.health.do(ctx, func() (bool, error) {
+		c, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		var err error
+		d, applied, err = g.GrantOnce(c, key, now, amount, id)
+		if errors.Is(err, redisstore.ErrNotAnnounced) {
+			return true, nil // Redis answered the grant
+		}
+		return true, err
+	})
+	if applied {
+		l.grantCopy(key, now, amount, d)
+	}
+	return d, applied, err
+}
+
+// grantCopy has the local copy follow a grant of amount to key, d the
+// decision after it.
+func (l *redisLimiter) grantCopy(key string, now, amount int64, d algorithms.Decision) {
+	if l.copy != nil {
+		_, _ = l.copy.Grant(context.Background(), key, now, amount)
+		l.copy.Seed(key, d, 0, false)
+	}
+}
+
+// grantedElsewhere has l learn a grant of amount to key that another
+// handler's client made on the same Redis keys in this process (see
+// grantScope), d the decision after it: its deny cache forgets the key's
+// rejection, and its local copy follows the grant, as GrantOnce does
+// (this process skips its own notices).
+func (l *redisLimiter) grantedElsewhere(key string, now, amount int64, d algorithms.Decision) {
 	if f, ok := l.inner.(interface{ Forget(key string) }); ok {
 		f.Forget(key)
 	}
-	if l.copy != nil {
-		l.copy.Seed(key, d, 0, false)
-	}
+	l.grantCopy(key, now, amount, d)
 }
 
 // leaseHolder is a Redis zone whose slots are leases (redis.Store's
@@ -660,9 +737,10 @@ func (l *redisLimiter) Reset(ctx context.Context, key string, now int64) (bool, 
 // first rejecting zone, or -1. It uses the store's TakeAll: one atomic script where the zones' keys can share one (always
 // on a standalone or Sentinel Redis; on a Cluster when they hash to one
 // slot). It goes through the same breaker and timeout as a single Take.
-func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result) (int, error) {
+func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result) (rejected int, err error) {
 	var buf [inlineZones]redisstore.Request
 	reqs := buf[:0]
+	settling := false
 	for i := range results {
 		res := &results[i]
 		lim, ok := res.z.limiter.(*redisLimiter)
@@ -670,12 +748,26 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 			return -1, fmt.Errorf("zone %s is not on this Redis storage", res.z.name)
 		}
 		reqs = append(reqs, redisstore.Request{Zone: lim.inner, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun, Strike: res.strike})
+		settling = settling || res.z.base.response != nil
+	}
+	if settling {
+		// A request to settle when its response is complete holds the
+		// client open until it has (see settled): a reload may retire
+		// the client meanwhile.
+		pool := r.client
+		if pool.acquire() {
+			defer func() {
+				if err != nil || rejected >= 0 || !settles(results) {
+					pool.release()
+				}
+			}()
+		}
 	}
 	// Redis decides by its own clock; the store's deny cache times its
 	// entries by this instance's monotonic one (the handler's now may be
 	// a test's fake clock).
 	var v redisstore.Verdict
-	err := r.client.health.do(ctx, func() (bool, error) {
+	err = r.client.health.do(ctx, func() (bool, error) {
 		var err error
 		v, err = r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
 		return v.Decided, err // a request the deny cache answered says nothing of Redis
@@ -693,6 +785,17 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 		return countSlots(ctx, now, results), nil
 	}
 	return v.Rejected, nil
+}
+
+// settled ends what takeAll began for a request to settle once its
+// settlements are made (or kept): the client it decided on may close.
+func settled(results []result) {
+	for i := range results {
+		if l, ok := results[i].limiter.(*redisLimiter); ok {
+			l.pool.release()
+			return
+		}
+	}
 }
 
 // follow keeps the local copies of on_storage_error local up with what
@@ -742,7 +845,7 @@ func followRedis(b Backend, p *zone, mem *memory.Store) {
 	// Redis's: not seeded, not reset.
 	if p.spec.Limit.Kind != algorithms.Concurrency {
 		l.resets = make(chan struct{}, followedResets)
-		l.stopResets = r.client.store.OnReset(l.inner, l.resetCopy)
+		l.stopResets = r.client.store.OnReset(l.inner, l.heard)
 	}
 }
 
@@ -844,4 +947,5 @@ var (
 	_ caddyfile.Unmarshaler = (*RedisStorage)(nil)
 	_ storage.Limiter       = (*redisLimiter)(nil)
 	_ storage.Granter       = (*redisLimiter)(nil)
+	_ storage.OnceGranter   = (*redisLimiter)(nil)
 )

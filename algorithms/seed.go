@@ -58,10 +58,15 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 			s.At, s.Level, s.Prev, s.Head = start, 0, end, 0 // s's no longer does
 		}
 		if d.Reset > 0 {
-			// The most room Remaining allows; beyond the limit, a grant.
-			// Within a window both the count and the grant only grow.
+			// The most room Remaining allows: the limit and the grant,
+			// less the count. Within a window both the count and the
+			// grant only grow. A grant the copy was told of (see
+			// Store.Grant) is known exactly, and the count is the least
+			// that leaves that room; room beyond the limit and the grant
+			// known is a grant the copy was not told of.
 			room, limit := (d.Remaining+1)*Milli-1, l.Events*Milli
-			s.Level, s.Head = max(s.Level, limit-room), max(s.Head, room-limit)
+			s.Head = max(s.Head, room-limit)
+			s.Level = max(s.Level, limit+s.Head-room)
 		}
 	case SlidingWindow:
 		l.seedSliding(s, d, cost)
