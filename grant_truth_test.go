@@ -88,6 +88,10 @@ func TestGrantTellsTheTruth(t *testing.T) {
 	if got, want := statuses(t, tester, 3, []string{"/"}, "X-Client: acl"), "200 200 429 "; got != want {
 		t.Fatalf("after the grant sent twice: %q, want %q (granted once)", got, want)
 	}
+	// The CLI gives each grant an id, which its own retries reuse.
+	if out, err := runCLI(t, "--address", testAdmin, "--json", "grant", "quota", "acl", "1"); err != nil || !strings.Contains(out, `"id":"cli-`) {
+		t.Fatalf("caddy rate-limit grant: %q, %v; want an answer naming the grant's id", out, err)
+	}
 	var reset map[string]any
 	if code := adminDo(t, http.MethodDelete, "/rate_limit/zones/quota/keys/acl", &reset); code != 200 {
 		t.Fatalf("reset: status %d (%v), want 200: it was applied", code, reset)

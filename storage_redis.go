@@ -104,7 +104,6 @@ type RedisStorage struct {
 	// locally too (on_storage_error local, see countSlots).
 	slotCopies bool
 	timeout    time.Duration
-	deadlines  *sharedDeadlines // for decisions: one timer per millisecond
 	logger     *zap.Logger
 }
 
@@ -130,14 +129,17 @@ const DefaultRedisTimeout = 100 * time.Millisecond
 // set of connection settings, shared by every handler that uses them.
 var redisClients = caddy.NewUsagePool()
 
-// pooledRedis is a client in redisClients, with its health.
+// pooledRedis is a client in redisClients, with its runtime.
 type pooledRedis struct {
 	client goredis.UniversalClient
 	store  *redisstore.Store
 	// keys identifies the keys the client's store reads and writes (see
 	// redisKeysOf): clients that differ only in how they connect share it.
-	keys   string
-	health redisHealth
+	keys string
+	// rt is what every call through the client goes through: breaker,
+	// timeout, and the settlements Redis could not hear yet (kept in
+	// rt.Owed until it does; while it keeps any, the client stays open).
+	rt shared.Runtime
 	// lead is how far Redis's clock is ahead of this instance's (µs), as
 	// the last decision Redis made showed it: never less than the true
 	// lead, since a decision is made after the request's time was read.
@@ -161,9 +163,6 @@ type pooledRedis struct {
 		retired bool // no configuration uses it: close once held is 0
 	}
 	renewLog logThrottle // failed lease renewals: one line per interval
-	// owed keeps the settlements Redis could not hear until it does
-	// (see shared.Owed); while it keeps any, the client stays open.
-	owed shared.Owed
 }
 
 // Destruct closes the client when no configuration uses it any more, or,
@@ -182,19 +181,6 @@ func (p *pooledRedis) Destruct() error {
 func (p *pooledRedis) close() error {
 	p.store.Close()
 	return p.client.Close()
-}
-
-// call returns a function that makes one call to Redis through the
-// breaker, bounded by timeout: what the settlements kept in owed are
-// applied with.
-func (p *pooledRedis) call(timeout time.Duration) func(fn func(ctx context.Context) error) error {
-	return func(fn func(ctx context.Context) error) error {
-		return p.health.do(context.Background(), func() (bool, error) {
-			c, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
-			return true, fn(c)
-		})
-	}
 }
 
 // acquire counts a request holding a lease through the client, and
@@ -234,7 +220,6 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	if r.timeout == 0 {
 		r.timeout = DefaultRedisTimeout
 	}
-	r.deadlines = new(sharedDeadlines)
 	prefix := redisstore.DefaultPrefix
 	if r.KeyPrefix != nil {
 		prefix = *r.KeyPrefix
@@ -275,12 +260,12 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 				logger.Warn("redis refused Tollgate's function library: deciding with EVALSHA instead (set functions off to skip the attempt)", zap.Error(err))
 			})
 		}
-		p.health.logger = r.logger
-		p.owed = shared.Owed{
-			Retry:   redisRetryEvery,
+		p.rt.Breaker.Logger, p.rt.Timeout = r.logger, r.timeout
+		p.rt.Owed = shared.Owed{
+			Retry:   shared.RetryEvery,
 			Now:     monotonicMicros,
-			Do:      p.call(r.timeout),
-			Unsent:  unsent,
+			Do:      func(fn func(context.Context) error) error { return p.rt.Call(context.Background(), fn) },
+			Unsent:  shared.Unsent,
 			Hold:    p.acquire,
 			Release: p.release,
 		}
@@ -522,7 +507,7 @@ func (r *RedisStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
 	if r.client == nil {
 		return nil, errors.New("redis storage is not provisioned")
 	}
-	return &redisLimiter{inner: r.client.store.Zone(z), limit: z.Limit, timeout: r.timeout, health: &r.client.health, pool: r.client}, nil
+	return &redisLimiter{inner: r.client.store.Zone(z), limit: z.Limit, rt: &r.client.rt, pool: r.client}, nil
 }
 
 // redisLimiter bounds each call to a zone's Redis limiter by the timeout
@@ -531,8 +516,8 @@ type redisLimiter struct {
 	inner   storage.Limiter
 	limit   algorithms.Limit
 	timeout time.Duration
-	health  *redisHealth
-	pool    *pooledRedis // the client inner runs on
+	rt      *shared.Runtime // the client's: every call goes through it
+	pool    *pooledRedis    // the client inner runs on
 	// copy is the zone's local copy for on_storage_error local (see
 	// follow), or nil: a give-back Redis makes is made there too, and a
 	// reset any instance makes is followed (see resetCopy).
@@ -581,12 +566,10 @@ func (l *redisLimiter) resetCopy(key string) {
 			d    algorithms.Decision
 			held bool
 		)
-		err := l.health.do(context.Background(), func() (bool, error) {
-			ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-			defer cancel()
+		err := l.rt.Call(context.Background(), func(ctx context.Context) error {
 			var err error
 			d, held, err = l.inner.Peek(ctx, key, monotonicMicros())
-			return true, err
+			return err
 		})
 		switch {
 		case err != nil:
@@ -602,20 +585,16 @@ func (l *redisLimiter) resetCopy(key string) {
 const followedResets = 64
 
 func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (d algorithms.Decision, err error) {
-	err = l.health.do(ctx, func() (bool, error) {
-		c, cancel := context.WithTimeout(ctx, l.timeout)
-		defer cancel()
+	err = l.rt.Call(ctx, func(c context.Context) error {
 		d, err = l.inner.Take(c, key, now, cost)
-		return true, err
+		return err
 	})
 	return d, err
 }
 
 func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error {
-	err := l.health.do(ctx, func() (bool, error) {
-		c, cancel := context.WithTimeout(ctx, l.timeout)
-		defer cancel()
-		return true, l.inner.Undo(c, key, now, cost, taken)
+	err := l.rt.Call(ctx, func(c context.Context) error {
+		return l.inner.Undo(c, key, now, cost, taken)
 	})
 	if err != nil && l.limit.Kind != algorithms.Concurrency {
 		err = l.keep(key, taken, cost, err)
@@ -634,13 +613,13 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 // reached Redis is not kept: it may have been applied.
 func (l *redisLimiter) keep(key string, taken algorithms.Decision, give int64, err error) error {
 	s, ok := l.inner.(storage.Settler)
-	if !ok || !unsent(err) {
+	if !ok || !shared.Unsent(err) {
 		return err
 	}
 	// Counted from now, not from taken.At: Redis's clock is not this
 	// instance's, and a little late is harmless (past its window, a
 	// settlement changes nothing).
-	if !l.pool.owed.Keep(s, key, taken, give, monotonicMicros()+storage.Horizon(&l.limit)) {
+	if !l.rt.Owed.Keep(s, key, taken, give, monotonicMicros()+storage.Horizon(&l.limit)) {
 		return fmt.Errorf("%w (not kept: the window has ended, or too many are kept)", err)
 	}
 	return nil
@@ -664,16 +643,18 @@ func (l *redisLimiter) GrantOnce(ctx context.Context, key string, now, amount in
 	if !ok {
 		return d, false, fmt.Errorf("%T keeps no grants", l.inner)
 	}
-	err = l.health.do(ctx, func() (bool, error) {
-		c, cancel := context.WithTimeout(ctx, l.timeout)
-		defer cancel()
+	var notice error // a grant applied but not announced: Redis answered it
+	err = l.rt.Call(ctx, func(c context.Context) error {
 		var err error
 		d, applied, err = g.GrantOnce(c, key, now, amount, id)
 		if errors.Is(err, redisstore.ErrNotAnnounced) {
-			return true, nil // Redis answered the grant
+			notice, err = err, nil
 		}
-		return true, err
+		return err
 	})
+	if err == nil {
+		err = notice
+	}
 	if applied {
 		l.grantCopy(key, now, amount, d)
 	}
@@ -719,16 +700,29 @@ func (l *redisLimiter) hold(key string, taken algorithms.Decision) (pool *pooled
 	return l.pool, h.Hold(key, taken)
 }
 
-func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	return l.inner.Peek(c, key, now)
+func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (d algorithms.Decision, ok bool, err error) {
+	err = l.rt.Call(ctx, func(c context.Context) error {
+		d, ok, err = l.inner.Peek(c, key, now)
+		return err
+	})
+	return d, ok, err
 }
 
-func (l *redisLimiter) Reset(ctx context.Context, key string, now int64) (bool, error) {
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	return l.inner.Reset(c, key, now)
+// Reset resets key on Redis. An error that wraps
+// redisstore.ErrNotAnnounced says the reset was applied.
+func (l *redisLimiter) Reset(ctx context.Context, key string, now int64) (ok bool, err error) {
+	var notice error // applied but not announced: Redis answered it
+	err = l.rt.Call(ctx, func(c context.Context) error {
+		ok, err = l.inner.Reset(c, key, now)
+		if errors.Is(err, redisstore.ErrNotAnnounced) {
+			notice, err = err, nil
+		}
+		return err
+	})
+	if err == nil {
+		err = notice
+	}
+	return ok, err
 }
 
 // takeAll decides all of a request's zones as one step: every zone is
@@ -767,9 +761,9 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 	// entries by this instance's monotonic one (the handler's now may be
 	// a test's fake clock).
 	var v redisstore.Verdict
-	err = r.client.health.do(ctx, func() (bool, error) {
+	err = r.client.rt.Breaker.Do(ctx, func() (bool, error) {
 		var err error
-		v, err = r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
+		v, err = r.client.store.Decide(r.client.rt.Deadline(), monotonicMicros(), reqs)
 		return v.Decided, err // a request the deny cache answered says nothing of Redis
 	})
 	if err != nil {
