@@ -268,6 +268,7 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 			Unsent:  shared.Unsent,
 			Hold:    p.acquire,
 			Release: p.release,
+			Logger:  r.logger,
 		}
 		logger := r.logger
 		// A tick renews every lease due in one pipeline, which may take

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
 )
@@ -53,6 +55,8 @@ type Owed struct {
 	// began.
 	Hold    func() bool
 	Release func()
+	// Logger, if set, is told of the settlements a drain dropped.
+	Logger *zap.Logger
 
 	mu       sync.Mutex
 	m        map[owedKey]owedAmount
@@ -156,6 +160,7 @@ func (o *Owed) drain() {
 			return cmp.Compare(b.k.at+b.k.reset, a.k.at+a.k.reset)
 		})
 		now := o.Now()
+		dropped := o.dropped.Load()
 		for _, b := range batch {
 			k, e := b.k, b.e
 			if now >= e.until {
@@ -174,6 +179,10 @@ func (o *Owed) drain() {
 				o.done(k, e.amount)
 				o.dropped.Add(1)
 			}
+		}
+		if n := o.dropped.Load() - dropped; n > 0 && o.Logger != nil {
+			o.Logger.Warn("settlements Redis did not hear dropped: their window ended, or Redis may have applied them",
+				zap.Int64("dropped", n), zap.Int64("dropped_total", o.dropped.Load()))
 		}
 		o.mu.Lock()
 		if len(o.m) == 0 {
