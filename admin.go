@@ -558,7 +558,7 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 		if d, ok := done[scope]; ok {
 			// Granted through another handler's client: this one learns
 			// it now, not when the message arrives.
-			if l, ok := rate.limiter.(*redisLimiter); ok && !repeated {
+			if l, ok := rate.limiter.(sharedLimiter); ok && !repeated {
 				l.grantedElsewhere(stored, lz.now(), amount, d)
 			}
 			continue
@@ -621,10 +621,18 @@ func grantUnavailable(zone, id string, err error) error {
 // whose client reaches the same keys (see redisKeysOf), whatever its
 // pool size or timeout, for the same zone name and algorithm.
 func grantScope(p *zone) any {
-	if l, ok := p.limiter.(*redisLimiter); ok && l.pool != nil {
-		return fmt.Sprintf("redis %s %q %s", l.pool.keys, p.spec.Name, p.spec.Limit.Kind)
+	if l, ok := p.limiter.(sharedLimiter); ok {
+		return l.grantScope()
 	}
 	return p.limiter
+}
+
+// sharedLimiter is a limiter on a store that several handlers' clients
+// may reach (Redis): a grant is made once per scope, and the limiters of
+// the same scope in this process learn it from grantedElsewhere.
+type sharedLimiter interface {
+	grantScope() string
+	grantedElsewhere(key string, now, amount int64, d algorithms.Decision)
 }
 
 // Interface guards.

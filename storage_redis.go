@@ -508,17 +508,18 @@ func (r *RedisStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
 	if r.client == nil {
 		return nil, errors.New("redis storage is not provisioned")
 	}
-	return &redisLimiter{inner: r.client.store.Zone(z), limit: z.Limit, rt: &r.client.rt, pool: r.client}, nil
+	return &redisLimiter{inner: r.client.store.Zone(z), name: z.Name, limit: z.Limit, rt: &r.client.rt, pool: r.client}, nil
 }
 
-// redisLimiter bounds each call to a zone's Redis limiter by the timeout
-// and the breaker.
+// redisLimiter is a zone's limiter on Redis: each call goes through the
+// client's runtime (breaker, timeout, settlements kept while Redis cannot
+// hear them), and the zone's local copy, if any, follows.
 type redisLimiter struct {
-	inner   storage.Limiter
-	limit   algorithms.Limit
-	timeout time.Duration
-	rt      *shared.Runtime // the client's: every call goes through it
-	pool    *pooledRedis    // the client inner runs on
+	inner storage.Limiter
+	name  string // the zone's
+	limit algorithms.Limit
+	rt    *shared.Runtime // the client's: every call goes through it
+	pool  *pooledRedis    // the client inner runs on
 	// copy is the zone's local copy for on_storage_error local (see
 	// follow), or nil: a give-back Redis makes is made there too, and a
 	// reset any instance makes is followed (see resetCopy).
@@ -669,6 +670,12 @@ func (l *redisLimiter) grantCopy(key string, now, amount int64, d algorithms.Dec
 		_, _ = l.copy.Grant(context.Background(), key, now, amount)
 		l.copy.Seed(key, d, 0, false)
 	}
+}
+
+// grantScope identifies where l's grants are kept: its Redis keys (see
+// redisKeysOf), zone and algorithm.
+func (l *redisLimiter) grantScope() string {
+	return fmt.Sprintf("redis %s %q %s", l.pool.keys, l.name, l.limit.Kind)
 }
 
 // grantedElsewhere has l learn a grant of amount to key that another
@@ -943,4 +950,5 @@ var (
 	_ storage.Limiter       = (*redisLimiter)(nil)
 	_ storage.Granter       = (*redisLimiter)(nil)
 	_ storage.OnceGranter   = (*redisLimiter)(nil)
+	_ sharedLimiter         = (*redisLimiter)(nil)
 )
