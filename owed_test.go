@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
@@ -157,4 +160,169 @@ func TestOwnGiveBackClearsDenyCache(t *testing.T) {
 	wait()
 	resp, _ = get(t, tester, "/login", "X-Client: deny")
 	check(t, "after the first was given back", resp, "", want{status: 200})
+}
+
+// holdUpstream holds each request until release is closed, then answers
+// with the X-Usage its X-Actual asks for, and 401 for X-Fail.
+type holdUpstream struct {
+	*httptest.Server
+	arrived atomic.Int64
+	release chan struct{}
+}
+
+func newHoldUpstream(t *testing.T) *holdUpstream {
+	u := &holdUpstream{release: make(chan struct{})}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.arrived.Add(1)
+		select {
+		case <-u.release:
+		case <-r.Context().Done():
+		}
+		if a := r.Header.Get("X-Actual"); a != "" {
+			w.Header().Set("X-Usage", a)
+		}
+		if r.Header.Get("X-Fail") != "" {
+			w.WriteHeader(http.StatusUnauthorized)
+		}
+		fmt.Fprint(w, "done")
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// settleSites are two instances (ports 9080 and 9081, their Redis clients
+// apart: pool sizes differ) of a zone that settles a request's cost from
+// X-Usage (estimate X-Est) and one that counts only 401s, 100 events an
+// hour each, on Redis at addr with the given timeout.
+func settleSites(up, addr, timeout string) string {
+	cfg := globalOptions
+	for i := range 2 {
+		cfg += fmt.Sprintf(`
+	http://localhost:%d {
+		rate_limit {
+			zone spend {
+				match {
+					path /cost
+				}
+				key {http.request.header.X-Client}
+				algorithm fixed_window
+				events 100
+				window 1h
+				cost {http.request.header.X-Est}
+				cost_response {http.response.header.X-Usage}
+				on_storage_error deny
+			}
+			zone fails {
+				match {
+					path /login
+				}
+				key {http.request.header.X-Client}
+				algorithm fixed_window
+				events 100
+				window 1h
+				count_response status 401
+				on_storage_error deny
+			}
+			storage redis {
+				addresses %s
+				timeout %s
+				pool_size %d
+			}
+		}
+		reverse_proxy %s
+	}`, 9080+i, addr, timeout, 4+i, strings.TrimPrefix(up, "http://"))
+	}
+	return cfg
+}
+
+// liveRedisClients are the Redis clients of the live handlers.
+func liveRedisClients(t *testing.T) []*pooledRedis {
+	t.Helper()
+	live.mu.Lock()
+	defer live.mu.Unlock()
+	var out []*pooledRedis
+	for _, h := range live.handlers {
+		if h.redis != nil && h.redis.client != nil && !slices.Contains(out, h.redis.client) {
+			out = append(out, h.redis.client)
+		}
+	}
+	return out
+}
+
+// TestSettlementsReachRedisOnce: requests on two instances reserve on
+// Redis (which keeps its data in an append-only file) and are held; a
+// reload retires both instances' clients, then Redis is killed, then the
+// requests end: their settlements (give-backs, owed excesses, logins
+// that did not fail) meet no Redis, through clients no configuration
+// uses. When Redis is back, every settlement reaches it exactly once:
+// what the key used is the sum of the actual costs, and of the failed
+// logins, and the retired clients close once they have nothing left to
+// settle.
+func TestSettlementsReachRedisOnce(t *testing.T) {
+	srv := redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "always")
+	up := newHoldUpstream(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(settleSites(up.URL, srv.Addr, testTimeout), "caddyfile")
+	old := liveRedisClients(t)
+	if len(old) != 2 {
+		t.Fatalf("%d Redis clients, want 2 (one an instance)", len(old))
+	}
+	type held struct {
+		port          int
+		path, headers string
+	}
+	reqs := []held{
+		{9080, "/cost", "X-Est: 5|X-Actual: 0"}, {9080, "/cost", "X-Est: 5|X-Actual: 2"}, {9080, "/cost", "X-Est: 5|X-Actual: 9"},
+		{9081, "/cost", "X-Est: 5|X-Actual: 1"}, {9081, "/cost", "X-Est: 5|X-Actual: 3"}, {9081, "/cost", "X-Est: 5|X-Actual: 7"},
+		{9080, "/login", "X-Fail: 1"}, {9081, "/login", "X-Fail: 1"}, {9080, "/login", ""}, {9081, "/login", ""},
+	}
+	var wg sync.WaitGroup
+	for _, h := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:%d%s", h.port, h.path), nil)
+			req.Header.Set("X-Client", "once")
+			for _, kv := range strings.Split(h.headers, "|") {
+				if name, value, ok := strings.Cut(kv, ":"); ok {
+					req.Header.Set(name, strings.TrimSpace(value))
+				}
+			}
+			resp, err := tester.Client.Do(req)
+			if err != nil {
+				t.Errorf("%s on %d: %v", h.path, h.port, err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	waitFor(t, "every request reserved and held", func() bool { return up.arrived.Load() == int64(len(reqs)) })
+	reload(t, settleSites(up.URL, srv.Addr, "9s"))
+	srv.Stop()
+	close(up.release)
+	wg.Wait()
+	srv.Restart() // from its append-only file: every reservation held
+	waitFor(t, "the retired clients to close once their kept settlements reached Redis", func() bool {
+		for _, p := range old {
+			if p.client.Ping(t.Context()).Err() == nil {
+				return false
+			}
+		}
+		return true
+	})
+	for _, c := range []struct {
+		zone string
+		used int64
+	}{{"spend", 0 + 2 + 9 + 1 + 3 + 7}, {"fails", 2}} {
+		var st keyState
+		if code := adminDo(t, http.MethodGet, "/rate_limit/zones/"+c.zone+"/keys/once", &st); code != 200 || st.Remaining != 100-c.used {
+			t.Errorf("zone %s: status %d, %d remaining; want 200, %d (each settlement applied once)", c.zone, code, st.Remaining, 100-c.used)
+		}
+	}
+	for _, p := range old {
+		if n := p.rt.Owed.Dropped(); n != 0 {
+			t.Errorf("a retired client dropped %d settlements, want 0", n)
+		}
+	}
 }
