@@ -1,17 +1,22 @@
 package tollgate
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
+	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 )
 
 func init() {
@@ -379,6 +384,11 @@ func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string,
 				continue
 			}
 			ok, err := p.limiter.Reset(r.Context(), stored, lz.now())
+			if errors.Is(err, redisstore.ErrNotAnnounced) {
+				// Applied: the missed notice is a warning.
+				lz.h.logger.Warn("rate limit reset applied, but not announced to the other instances", zap.String("zone", lz.z.name), zap.Error(err))
+				err = nil
+			}
 			if err != nil {
 				return storeUnavailable(lz.z.name, err)
 			}
@@ -426,7 +436,83 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string)
 type grantRequest struct {
 	// Amount is the events granted, > 0; fractions count as costs do.
 	Amount float64 `json:"amount"`
+	// ID, if set (or the Idempotency-Key header), makes the grant apply
+	// once to the key and window, however often it is sent.
+	ID string `json:"id,omitempty"`
 }
+
+// maxGrantID bounds a grant id's length.
+const maxGrantID = 128
+
+// grantID returns the grant's id from the Idempotency-Key header or the
+// body's id (the same if both are given), checked.
+func grantID(r *http.Request, body string) (string, error) {
+	id := r.Header.Get("Idempotency-Key")
+	switch {
+	case id == "":
+		id = body
+	case body != "" && body != id:
+		return "", fmt.Errorf("grant: the Idempotency-Key header %q and the body's id %q differ", id, body)
+	}
+	if len(id) > maxGrantID {
+		return "", fmt.Errorf("grant: id must be at most %d bytes, got %d", maxGrantID, len(id))
+	}
+	for _, c := range id {
+		if c <= ' ' || c == 0x7f {
+			return "", fmt.Errorf("grant: id %q: must be printable, without spaces", id)
+		}
+	}
+	return id, nil
+}
+
+// grantIDs remembers the ids of the grants applied to stores that keep no
+// ids themselves (memory), each until its key's window has ended: an id
+// is applied once per store, key and window.
+var grantIDs = struct {
+	sync.Mutex
+	m map[string]int64 // scope, key and id -> until (monotonic µs)
+}{m: map[string]int64{}}
+
+// grantOnce grants amount to key in rate once for id (none if ""): on a
+// store that keeps ids (Redis), in its script; on another, once per
+// process in grantIDs.
+func grantOnce(ctx context.Context, rate *zone, scope any, key string, now, amount int64, id string) (d algorithms.Decision, applied bool, err error) {
+	if g, ok := rate.limiter.(storage.OnceGranter); ok {
+		return g.GrantOnce(ctx, key, now, amount, id)
+	}
+	g, ok := rate.limiter.(storage.Granter)
+	if !ok {
+		return d, false, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q: its store keeps no grants", rate.name)}
+	}
+	if id == "" {
+		d, err = g.Grant(ctx, key, now, amount)
+		return d, err == nil, err
+	}
+	name := fmt.Sprintf("%p %q %q", scope, key, id)
+	mono := monotonicMicros()
+	grantIDs.Lock()
+	defer grantIDs.Unlock()
+	if until, ok := grantIDs.m[name]; ok && mono < until {
+		d, _, err = rate.limiter.Peek(ctx, key, now)
+		return d, false, err
+	}
+	if len(grantIDs.m) >= maxGrantIDs {
+		for k, until := range grantIDs.m {
+			if mono >= until {
+				delete(grantIDs.m, k)
+			}
+		}
+	}
+	if d, err = g.Grant(ctx, key, now, amount); err != nil {
+		return d, false, err
+	}
+	grantIDs.m[name] = mono + storage.Horizon(&rate.spec.Limit)
+	return d, true, nil
+}
+
+// maxGrantIDs is how many ids grantIDs keeps before it drops those whose
+// window has ended.
+const maxGrantIDs = 10_000
 
 // grantKey gives the key amount events more for its current window, in
 // the zone's rate (or ?tier='s), in every store of the zone once: a
@@ -444,11 +530,15 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 	if !ok || amount <= 0 || amount > algorithms.MaxGrant {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("grant: amount must be a number of events > 0 and at most %d, got %v", algorithms.MaxEvents, req.Amount)}
 	}
+	id, err := grantID(r, req.ID)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
 	var (
 		st   keyState
 		done = map[any]algorithms.Decision{} // the stores granted in, each once, and the decision after
 	)
-	granted := false
+	granted, repeated := false, false
 	for _, lz := range zs {
 		rate, err := tierOf(r, lz.z)
 		if err != nil {
@@ -463,37 +553,66 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 		if c := rate.spec.Limit.GrantCap(); amount > c {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("grant: zone %q is %s: a key's grants add up to at most %d events, got %v", lz.z.name, rate.spec.Limit.Kind, c/algorithms.Milli, req.Amount)}
 		}
-		g, ok := rate.limiter.(storage.Granter)
-		if !ok {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q: its store keeps no grants", lz.z.name)}
-		}
 		scope := grantScope(rate)
 		stored := lz.z.storedKey(key)
 		if d, ok := done[scope]; ok {
 			// Granted through another handler's client: this one learns
 			// it now, not when the message arrives.
-			if l, ok := rate.limiter.(*redisLimiter); ok {
-				l.grantedElsewhere(stored, d)
+			if l, ok := rate.limiter.(sharedLimiter); ok && !repeated {
+				l.grantedElsewhere(stored, lz.now(), amount, d)
 			}
 			continue
 		}
-		d, err := g.Grant(r.Context(), stored, lz.now(), amount)
-		if err != nil {
-			return storeUnavailable(lz.z.name, err)
+		d, applied, err := grantOnce(r.Context(), rate, scope, stored, lz.now(), amount, id)
+		var apiErr caddy.APIError
+		switch {
+		case errors.As(err, &apiErr):
+			return err
+		case errors.Is(err, redisstore.ErrNotAnnounced):
+			// Applied: the answer says so; the missed notice is a
+			// warning (other instances learn it within a second, or at
+			// their next decision on the key).
+			lz.h.logger.Warn("rate limit grant applied, but not announced to the other instances", zap.String("zone", lz.z.name), zap.Error(err))
+		case err != nil:
+			return grantUnavailable(lz.z.name, id, err)
 		}
 		done[scope] = d
+		if !applied {
+			repeated = true
+		}
 		if !granted {
 			st = keyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: shownRemaining(d.Remaining),
 				Reset: float64(d.Reset) / microsPerSecond, Wait: float64(d.Wait) / microsPerSecond}
 			granted = true
 		}
-		lz.h.granted(rate, stored, req.Amount, d)
+		if applied {
+			lz.h.granted(rate, stored, req.Amount, d)
+		}
 	}
 	out := map[string]any{"zone": st.Zone, "key": st.Key, "granted": req.Amount, "state": st}
 	if st.Tier != "" {
 		out["tier"] = st.Tier
 	}
+	if id != "" {
+		out["id"] = id
+	}
+	if repeated {
+		out["repeated"] = true // applied before: nothing changed now
+	}
 	return writeJSON(w, out)
+}
+
+// grantUnavailable is the answer to a grant the store did not confirm:
+// it may yet be applied (a stalled Redis runs what it was sent once it
+// resumes), so it is to be sent again with the same id, which applies it
+// at most once.
+func grantUnavailable(zone, id string, err error) error {
+	again := "send it again with an id (the Idempotency-Key header or \"id\"), which applies it at most once"
+	if id != "" {
+		again = fmt.Sprintf("send it again with the same id %q, which applies it at most once", id)
+	}
+	return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable,
+		Err: fmt.Errorf("zone %q: store unavailable: the grant is not known to be applied (%w): %s", zone, err, again)}
 }
 
 // grantScope identifies where a part's grants are kept, so that a grant
@@ -502,10 +621,18 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 // whose client reaches the same keys (see redisKeysOf), whatever its
 // pool size or timeout, for the same zone name and algorithm.
 func grantScope(p *zone) any {
-	if l, ok := p.limiter.(*redisLimiter); ok && l.pool != nil {
-		return fmt.Sprintf("redis %s %q %s", l.pool.keys, p.spec.Name, p.spec.Limit.Kind)
+	if l, ok := p.limiter.(sharedLimiter); ok {
+		return l.grantScope()
 	}
 	return p.limiter
+}
+
+// sharedLimiter is a limiter on a store that several handlers' clients
+// may reach (Redis): a grant is made once per scope, and the limiters of
+// the same scope in this process learn it from grantedElsewhere.
+type sharedLimiter interface {
+	grantScope() string
+	grantedElsewhere(key string, now, amount int64, d algorithms.Decision)
 }
 
 // Interface guards.

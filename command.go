@@ -2,6 +2,8 @@ package tollgate
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
@@ -255,7 +258,7 @@ func (c *cliRun) keyRequest(method, path, zone, key, action string, body io.Read
 	case ae.status == http.StatusNotFound: // not an answer of Tollgate's API
 		return nil, c.noEndpoint(err)
 	case ae.status == http.StatusServiceUnavailable:
-		return nil, fmt.Errorf("%s: the zone's store cannot answer now (is Redis up?); try again", ae.msg)
+		return nil, unavailableError{fmt.Errorf("%s: the zone's store cannot answer now (is Redis up?); try again", ae.msg)}
 	}
 	return nil, err
 }
@@ -419,8 +422,18 @@ func (c *cliRun) grant(args []string) error {
 	if err != nil || !(amount > 0) || math.IsInf(amount, 0) {
 		return fmt.Errorf("grant: amount must be a number of events > 0, got %q", args[2])
 	}
-	req := `{"amount": ` + strconv.FormatFloat(amount, 'g', -1, 64) + `}`
-	body, err := c.keyRequest(http.MethodPost, "keys", args[0], args[1], "/grant", strings.NewReader(req))
+	// One id for this grant and its retries: the API applies it once,
+	// however often it arrives.
+	id := newGrantID()
+	req := `{"amount": ` + strconv.FormatFloat(amount, 'g', -1, 64) + `, "id": "` + id + `"}`
+	var body []byte
+	for try := 1; ; try++ {
+		body, err = c.keyRequest(http.MethodPost, "keys", args[0], args[1], "/grant", strings.NewReader(req))
+		if !errors.As(err, new(unavailableError)) || try == grantTries {
+			break
+		}
+		time.Sleep(grantRetryWait)
+	}
 	if err != nil {
 		return err
 	}
@@ -444,6 +457,26 @@ func (c *cliRun) grant(args []string) error {
 		ans.Key, where, strconv.FormatFloat(ans.Granted, 'g', -1, 64), ans.State.Remaining, formatSeconds(ans.State.Reset))
 	return err
 }
+
+// grantTries is how many times grant sends a grant the store did not
+// confirm, grantRetryWait apart (a breaker retries Redis every 250ms).
+const (
+	grantTries     = 3
+	grantRetryWait = time.Second
+)
+
+// newGrantID returns a grant id that no other grant has: "cli-" and 16
+// random hex digits.
+func newGrantID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "cli-" + hex.EncodeToString(b[:])
+}
+
+// unavailableError is an answer of 503: the store could not answer now.
+type unavailableError struct{ error }
+
+func (e unavailableError) Unwrap() error { return e.error }
 
 // done prints the answer of a reset or unban.
 func (c *cliRun) done(body []byte, what, tail string) error {

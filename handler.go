@@ -273,6 +273,9 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 // handler chain returns, or that a shaping zone delays first. A client
 // that goes away while delayed gives its place back.
 func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, results []result) error {
+	if h.responses && h.redis != nil && settles(results) {
+		defer settled(results) // after the settlements, deferred below
+	}
 	if h.slots {
 		if hold := h.holdSlots(r.Context(), results); hold != nil {
 			defer hold.release(r.Context())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // probeZones are a local zone on /local and a deny zone on /deny, both
@@ -86,12 +87,12 @@ func TestResetFollowedWhileRedisRecoversReturnsTheProbe(t *testing.T) {
 		return err == nil && n[channel] > 0
 	})
 	local, l := liveRedisZone(t, "probe_local")
-	h := l.health
+	h := &l.rt.Breaker
 
 	// A stall opens the breaker: decisions time out until it does.
 	srv.Pause()
-	for i := 0; h.downSince.Load() == 0; i++ {
-		if i == 10*redisFailStreak {
+	for i := 0; !h.Down(); i++ {
+		if i == 10*shared.FailStreak {
 			srv.Resume()
 			t.Fatalf("%d decisions timed out and the breaker is still closed", i)
 		}
@@ -100,14 +101,14 @@ func TestResetFollowedWhileRedisRecoversReturnsTheProbe(t *testing.T) {
 		}
 	}
 	srv.Resume()
-	h.retryAt.Store(0) // the retry time has come: the next call probes
+	h.RetryNow() // the retry time has come: the next call probes
 
 	// The reset, heard of by this instance, which follows it on its copy:
 	// the first call since the retry time came. A hook registered after
 	// the copy's is called after it: once it has been, the copy's follow
 	// is under way, and done when it has given its place back.
 	heard := make(chan string, 1)
-	stop := liveRedisStore(t).OnReset(l.inner, func(key string) {
+	stop := liveRedisStore(t).OnReset(l.inner, func(key string, _ int64) {
 		select {
 		case heard <- key:
 		default:
@@ -129,7 +130,7 @@ func TestResetFollowedWhileRedisRecoversReturnsTheProbe(t *testing.T) {
 			t.Fatalf("deny zone, Redis healthy, request %d after the reset: status %d, want 200 (the breaker is stuck open: its probe was never returned)", i, resp.StatusCode)
 		}
 	}
-	if h.downSince.Load() != 0 {
+	if h.Down() {
 		t.Errorf("breaker open after Redis answered, want closed")
 	}
 }
@@ -145,7 +146,7 @@ func TestDenyCacheHitDoesNotCloseTheBreaker(t *testing.T) {
 	tester := caddytest.NewTester(t)
 	tester.InitServer(redisSiteWithTimeout(srv.Addr, "100ms", probeZones), "caddyfile")
 	_, l := liveRedisZone(t, "probe_deny")
-	h := l.health
+	h := &l.rt.Breaker
 	// A cached rejection is trusted for a second of this instance's
 	// clock: a round whose second ran out before its cached request is
 	// tried again with another client (the status tells: 429 from the
@@ -162,14 +163,14 @@ func TestDenyCacheHitDoesNotCloseTheBreaker(t *testing.T) {
 			t.Fatalf("second request through Redis: status %d, want 429 (now in the deny cache)", resp.StatusCode)
 		}
 		srv.Pause()
-		h.open(errors.New("test: Redis frozen")) // as a streak of timeouts does
-		h.retryAt.Store(0)                       // and the retry time has come
+		h.Open(errors.New("test: Redis frozen")) // as a streak of timeouts does
+		h.RetryNow()                             // and the retry time has come
 		resp, _ := get(t, tester, "/deny", client)
 		if resp.StatusCode == 503 {
 			srv.Resume()
 			waitFor(t, "the breaker to close", func() bool {
 				get(t, tester, "/local", "X-Client: wake")
-				return h.downSince.Load() == 0
+				return !h.Down()
 			})
 			continue
 		}
@@ -177,7 +178,7 @@ func TestDenyCacheHitDoesNotCloseTheBreaker(t *testing.T) {
 			srv.Resume()
 			t.Fatalf("with Redis frozen, the cached request: status %d, want 429 (the deny cache) or 503", resp.StatusCode)
 		}
-		if h.downSince.Load() == 0 {
+		if !h.Down() {
 			srv.Resume()
 			t.Fatal("a request the deny cache answered closed the breaker while Redis is frozen")
 		}
@@ -189,7 +190,7 @@ func TestDenyCacheHitDoesNotCloseTheBreaker(t *testing.T) {
 	if resp, _ := get(t, tester, "/deny", "X-Client: fresh"); resp.StatusCode != 200 {
 		t.Fatalf("Redis answering again, a fresh client: status %d, want 200", resp.StatusCode)
 	}
-	if h.downSince.Load() != 0 {
+	if h.Down() {
 		t.Error("breaker open after Redis answered a probe, want closed")
 	}
 }

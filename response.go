@@ -275,11 +275,13 @@ func (l *redisLimiter) Settle(ctx context.Context, key string, now, reserved, ac
 	if !ok {
 		return fmt.Errorf("%T cannot settle", l.inner)
 	}
-	return l.health.do(ctx, func() (bool, error) {
-		c, cancel := context.WithTimeout(ctx, l.timeout)
-		defer cancel()
-		return true, s.Settle(c, key, now, reserved, actual, taken)
+	err := l.rt.Call(ctx, func(c context.Context) error {
+		return s.Settle(c, key, now, reserved, actual, taken)
 	})
+	if err != nil {
+		err = l.keep(key, taken, max(reserved, 0)-max(actual, 0), err)
+	}
+	return err
 }
 
 // responseTap passes a response through unchanged, noting its status and

@@ -23,6 +23,7 @@ import (
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/memory"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 func init() {
@@ -103,7 +104,6 @@ type RedisStorage struct {
 	// locally too (on_storage_error local, see countSlots).
 	slotCopies bool
 	timeout    time.Duration
-	deadlines  *sharedDeadlines // for decisions: one timer per millisecond
 	logger     *zap.Logger
 }
 
@@ -129,14 +129,17 @@ const DefaultRedisTimeout = 100 * time.Millisecond
 // set of connection settings, shared by every handler that uses them.
 var redisClients = caddy.NewUsagePool()
 
-// pooledRedis is a client in redisClients, with its health.
+// pooledRedis is a client in redisClients, with its runtime.
 type pooledRedis struct {
 	client goredis.UniversalClient
 	store  *redisstore.Store
 	// keys identifies the keys the client's store reads and writes (see
 	// redisKeysOf): clients that differ only in how they connect share it.
-	keys   string
-	health redisHealth
+	keys string
+	// rt is what every call through the client goes through: breaker,
+	// timeout, and the settlements Redis could not hear yet (kept in
+	// rt.Owed until it does; while it keeps any, the client stays open).
+	rt shared.Runtime
 	// lead is how far Redis's clock is ahead of this instance's (µs), as
 	// the last decision Redis made showed it: never less than the true
 	// lead, since a decision is made after the request's time was read.
@@ -217,7 +220,6 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	if r.timeout == 0 {
 		r.timeout = DefaultRedisTimeout
 	}
-	r.deadlines = new(sharedDeadlines)
 	prefix := redisstore.DefaultPrefix
 	if r.KeyPrefix != nil {
 		prefix = *r.KeyPrefix
@@ -258,7 +260,16 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 				logger.Warn("redis refused Tollgate's function library: deciding with EVALSHA instead (set functions off to skip the attempt)", zap.Error(err))
 			})
 		}
-		p.health.logger = r.logger
+		p.rt.Breaker.Logger, p.rt.Timeout = r.logger, r.timeout
+		p.rt.Owed = shared.Owed{
+			Retry:   shared.RetryEvery,
+			Now:     monotonicMicros,
+			Do:      func(fn func(context.Context) error) error { return p.rt.Call(context.Background(), fn) },
+			Unsent:  shared.Unsent,
+			Hold:    p.acquire,
+			Release: p.release,
+			Logger:  r.logger,
+		}
 		logger := r.logger
 		// A tick renews every lease due in one pipeline, which may take
 		// Redis longer than one decision's timeout: it gets a second at
@@ -497,16 +508,18 @@ func (r *RedisStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
 	if r.client == nil {
 		return nil, errors.New("redis storage is not provisioned")
 	}
-	return &redisLimiter{inner: r.client.store.Zone(z), timeout: r.timeout, health: &r.client.health, pool: r.client}, nil
+	return &redisLimiter{inner: r.client.store.Zone(z), name: z.Name, limit: z.Limit, rt: &r.client.rt, pool: r.client}, nil
 }
 
-// redisLimiter bounds each call to a zone's Redis limiter by the timeout
-// and the breaker.
+// redisLimiter is a zone's limiter on Redis: each call goes through the
+// client's runtime (breaker, timeout, settlements kept while Redis cannot
+// hear them), and the zone's local copy, if any, follows.
 type redisLimiter struct {
-	inner   storage.Limiter
-	timeout time.Duration
-	health  *redisHealth
-	pool    *pooledRedis // the client inner runs on
+	inner storage.Limiter
+	name  string // the zone's
+	limit algorithms.Limit
+	rt    *shared.Runtime // the client's: every call goes through it
+	pool  *pooledRedis    // the client inner runs on
 	// copy is the zone's local copy for on_storage_error local (see
 	// follow), or nil: a give-back Redis makes is made there too, and a
 	// reset any instance makes is followed (see resetCopy).
@@ -520,6 +533,17 @@ func (l *redisLimiter) Close() {
 	if l.stopResets != nil {
 		l.stopResets()
 	}
+}
+
+// heard follows, in the local copy, a reset (grant 0) or a grant of
+// grant milli-units to key that an instance published (see
+// redisstore.Store.OnReset): a grant as a grant, a reset by resetCopy.
+func (l *redisLimiter) heard(key string, grant int64) {
+	if grant > 0 {
+		_, _ = l.copy.Grant(context.Background(), key, clock(), grant)
+		return
+	}
+	l.resetCopy(key)
 }
 
 // resetCopy brings the local copy of key up to its state on Redis after
@@ -544,12 +568,10 @@ func (l *redisLimiter) resetCopy(key string) {
 			d    algorithms.Decision
 			held bool
 		)
-		err := l.health.do(context.Background(), func() (bool, error) {
-			ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-			defer cancel()
+		err := l.rt.Call(context.Background(), func(ctx context.Context) error {
 			var err error
 			d, held, err = l.inner.Peek(ctx, key, monotonicMicros())
-			return true, err
+			return err
 		})
 		switch {
 		case err != nil:
@@ -565,21 +587,20 @@ func (l *redisLimiter) resetCopy(key string) {
 const followedResets = 64
 
 func (l *redisLimiter) Take(ctx context.Context, key string, now, cost int64) (d algorithms.Decision, err error) {
-	err = l.health.do(ctx, func() (bool, error) {
-		c, cancel := context.WithTimeout(ctx, l.timeout)
-		defer cancel()
+	err = l.rt.Call(ctx, func(c context.Context) error {
 		d, err = l.inner.Take(c, key, now, cost)
-		return true, err
+		return err
 	})
 	return d, err
 }
 
 func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error {
-	err := l.health.do(ctx, func() (bool, error) {
-		c, cancel := context.WithTimeout(ctx, l.timeout)
-		defer cancel()
-		return true, l.inner.Undo(c, key, now, cost, taken)
+	err := l.rt.Call(ctx, func(c context.Context) error {
+		return l.inner.Undo(c, key, now, cost, taken)
 	})
+	if err != nil && l.limit.Kind != algorithms.Concurrency {
+		err = l.keep(key, taken, cost, err)
+	}
 	// A slot's local count is given back by its request itself (see
 	// countSlots): it is not a copy of Redis's.
 	if err == nil && l.copy != nil && l.copy.Limit().Kind != algorithms.Concurrency {
@@ -588,40 +609,85 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 	return err
 }
 
+// keep keeps a settlement that failed with err, giving back give
+// milli-units (owing -give), until Redis hears it (see shared.Owed), and
+// returns nil if it was kept, else err. A settlement whose call may have
+// reached Redis is not kept: it may have been applied.
+func (l *redisLimiter) keep(key string, taken algorithms.Decision, give int64, err error) error {
+	s, ok := l.inner.(storage.Settler)
+	if !ok || !shared.Unsent(err) {
+		return err
+	}
+	// Counted from now, not from taken.At: Redis's clock is not this
+	// instance's, and a little late is harmless (past its window, a
+	// settlement changes nothing).
+	if !l.rt.Owed.Keep(s, key, taken, give, monotonicMicros()+storage.Horizon(&l.limit)) {
+		return fmt.Errorf("%w (not kept: the window has ended, or too many are kept)", err)
+	}
+	return nil
+}
+
 // Grant gives key extra quota for its current window on Redis (see
-// storage.Granter), through the breaker and timeout of a decision; the
-// local copy of on_storage_error local learns the key's state after it.
+// storage.Granter).
 func (l *redisLimiter) Grant(ctx context.Context, key string, now, amount int64) (algorithms.Decision, error) {
-	g, ok := l.inner.(storage.Granter)
-	if !ok {
-		return algorithms.Decision{}, fmt.Errorf("%T keeps no grants", l.inner)
-	}
-	var d algorithms.Decision
-	err := l.health.do(ctx, func() (bool, error) {
-		c, cancel := context.WithTimeout(ctx, l.timeout)
-		defer cancel()
-		var err error
-		d, err = g.Grant(c, key, now, amount)
-		return true, err
-	})
-	if err == nil && l.copy != nil {
-		l.copy.Seed(key, d, 0, false)
-	}
+	d, _, err := l.GrantOnce(ctx, key, now, amount, "")
 	return d, err
 }
 
-// grantedElsewhere has l learn a grant to key that another handler's
-// client made on the same Redis keys in this process (see grantScope), d
-// the decision after it: its deny cache forgets the key's rejection, and
-// its local copy learns the key's state, as Grant does, without waiting
-// for the message every instance hears.
-func (l *redisLimiter) grantedElsewhere(key string, d algorithms.Decision) {
+// GrantOnce gives key extra quota for its current window on Redis, once
+// for an id (see storage.OnceGranter), through the breaker and timeout
+// of a decision. The local copy of on_storage_error local follows a grant
+// applied as it follows any decision: the grant, then the state after it.
+// An error that wraps redisstore.ErrNotAnnounced says the grant was
+// applied.
+func (l *redisLimiter) GrantOnce(ctx context.Context, key string, now, amount int64, id string) (d algorithms.Decision, applied bool, err error) {
+	g, ok := l.inner.(storage.OnceGranter)
+	if !ok {
+		return d, false, fmt.Errorf("%T keeps no grants", l.inner)
+	}
+	var notice error // a grant applied but not announced: Redis answered it
+	err = l.rt.Call(ctx, func(c context.Context) error {
+		var err error
+		d, applied, err = g.GrantOnce(c, key, now, amount, id)
+		if errors.Is(err, redisstore.ErrNotAnnounced) {
+			notice, err = err, nil
+		}
+		return err
+	})
+	if err == nil {
+		err = notice
+	}
+	if applied {
+		l.grantCopy(key, now, amount, d)
+	}
+	return d, applied, err
+}
+
+// grantCopy has the local copy follow a grant of amount to key, d the
+// decision after it.
+func (l *redisLimiter) grantCopy(key string, now, amount int64, d algorithms.Decision) {
+	if l.copy != nil {
+		_, _ = l.copy.Grant(context.Background(), key, now, amount)
+		l.copy.Seed(key, d, 0, false)
+	}
+}
+
+// grantScope identifies where l's grants are kept: its Redis keys (see
+// redisKeysOf), zone and algorithm.
+func (l *redisLimiter) grantScope() string {
+	return fmt.Sprintf("redis %s %q %s", l.pool.keys, l.name, l.limit.Kind)
+}
+
+// grantedElsewhere has l learn a grant of amount to key that another
+// handler's client made on the same Redis keys in this process (see
+// grantScope), d the decision after it: its deny cache forgets the key's
+// rejection, and its local copy follows the grant, as GrantOnce does
+// (this process skips its own notices).
+func (l *redisLimiter) grantedElsewhere(key string, now, amount int64, d algorithms.Decision) {
 	if f, ok := l.inner.(interface{ Forget(key string) }); ok {
 		f.Forget(key)
 	}
-	if l.copy != nil {
-		l.copy.Seed(key, d, 0, false)
-	}
+	l.grantCopy(key, now, amount, d)
 }
 
 // leaseHolder is a Redis zone whose slots are leases (redis.Store's
@@ -642,16 +708,29 @@ func (l *redisLimiter) hold(key string, taken algorithms.Decision) (pool *pooled
 	return l.pool, h.Hold(key, taken)
 }
 
-func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	return l.inner.Peek(c, key, now)
+func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (d algorithms.Decision, ok bool, err error) {
+	err = l.rt.Call(ctx, func(c context.Context) error {
+		d, ok, err = l.inner.Peek(c, key, now)
+		return err
+	})
+	return d, ok, err
 }
 
-func (l *redisLimiter) Reset(ctx context.Context, key string, now int64) (bool, error) {
-	c, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	return l.inner.Reset(c, key, now)
+// Reset resets key on Redis. An error that wraps
+// redisstore.ErrNotAnnounced says the reset was applied.
+func (l *redisLimiter) Reset(ctx context.Context, key string, now int64) (ok bool, err error) {
+	var notice error // applied but not announced: Redis answered it
+	err = l.rt.Call(ctx, func(c context.Context) error {
+		ok, err = l.inner.Reset(c, key, now)
+		if errors.Is(err, redisstore.ErrNotAnnounced) {
+			notice, err = err, nil
+		}
+		return err
+	})
+	if err == nil {
+		err = notice
+	}
+	return ok, err
 }
 
 // takeAll decides all of a request's zones as one step: every zone is
@@ -660,9 +739,10 @@ func (l *redisLimiter) Reset(ctx context.Context, key string, now int64) (bool, 
 // first rejecting zone, or -1. It uses the store's TakeAll: one atomic script where the zones' keys can share one (always
 // on a standalone or Sentinel Redis; on a Cluster when they hash to one
 // slot). It goes through the same breaker and timeout as a single Take.
-func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result) (int, error) {
+func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result) (rejected int, err error) {
 	var buf [inlineZones]redisstore.Request
 	reqs := buf[:0]
+	settling := false
 	for i := range results {
 		res := &results[i]
 		lim, ok := res.z.limiter.(*redisLimiter)
@@ -670,14 +750,28 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 			return -1, fmt.Errorf("zone %s is not on this Redis storage", res.z.name)
 		}
 		reqs = append(reqs, redisstore.Request{Zone: lim.inner, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun, Strike: res.strike})
+		settling = settling || res.z.base.response != nil
+	}
+	if settling {
+		// A request to settle when its response is complete holds the
+		// client open until it has (see settled): a reload may retire
+		// the client meanwhile.
+		pool := r.client
+		if pool.acquire() {
+			defer func() {
+				if err != nil || rejected >= 0 || !settles(results) {
+					pool.release()
+				}
+			}()
+		}
 	}
 	// Redis decides by its own clock; the store's deny cache times its
 	// entries by this instance's monotonic one (the handler's now may be
 	// a test's fake clock).
 	var v redisstore.Verdict
-	err := r.client.health.do(ctx, func() (bool, error) {
+	err = r.client.rt.Breaker.Do(ctx, func() (bool, error) {
 		var err error
-		v, err = r.client.store.Decide(r.deadlines.get(r.timeout), monotonicMicros(), reqs)
+		v, err = r.client.store.Decide(r.client.rt.Deadline(), monotonicMicros(), reqs)
 		return v.Decided, err // a request the deny cache answered says nothing of Redis
 	})
 	if err != nil {
@@ -693,6 +787,17 @@ func (r *RedisStorage) takeAll(ctx context.Context, now int64, results []result)
 		return countSlots(ctx, now, results), nil
 	}
 	return v.Rejected, nil
+}
+
+// settled ends what takeAll began for a request to settle once its
+// settlements are made (or kept): the client it decided on may close.
+func settled(results []result) {
+	for i := range results {
+		if l, ok := results[i].limiter.(*redisLimiter); ok {
+			l.pool.release()
+			return
+		}
+	}
 }
 
 // follow keeps the local copies of on_storage_error local up with what
@@ -742,7 +847,7 @@ func followRedis(b Backend, p *zone, mem *memory.Store) {
 	// Redis's: not seeded, not reset.
 	if p.spec.Limit.Kind != algorithms.Concurrency {
 		l.resets = make(chan struct{}, followedResets)
-		l.stopResets = r.client.store.OnReset(l.inner, l.resetCopy)
+		l.stopResets = r.client.store.OnReset(l.inner, l.heard)
 	}
 }
 
@@ -844,4 +949,6 @@ var (
 	_ caddyfile.Unmarshaler = (*RedisStorage)(nil)
 	_ storage.Limiter       = (*redisLimiter)(nil)
 	_ storage.Granter       = (*redisLimiter)(nil)
+	_ storage.OnceGranter   = (*redisLimiter)(nil)
+	_ sharedLimiter         = (*redisLimiter)(nil)
 )

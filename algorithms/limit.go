@@ -253,10 +253,11 @@ func CostMilli(cost float64) (int64, bool) {
 // tell, more than the copy saw charged. A fixed_window's Head is its
 // grant: extra quota given to the key for its current window (see
 // Limit.Grant), in milli-units, which ends with the window. A
-// sliding_window keeps its grant as a negative Head: a grant is given by
-// an authoritative store, never to a local copy, and a copy's Head is
-// never negative, so the two never meet. The grant is not a field of
-// its own so that a memory store's entry keeps to two cache lines.
+// sliding_window keeps its grant as a negative Head: a local copy told
+// of a grant (the store follows the grants of the store it copies) then
+// keeps the previous window's count in Prev alone, until the window
+// ends. The grant is not a field of its own so that a memory store's
+// entry keeps to two cache lines.
 //
 // A sliding_log's ring grows with its entries, from none.
 type State struct {

@@ -58,10 +58,15 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 			s.At, s.Level, s.Prev, s.Head = start, 0, end, 0 // s's no longer does
 		}
 		if d.Reset > 0 {
-			// The most room Remaining allows; beyond the limit, a grant.
-			// Within a window both the count and the grant only grow.
+			// The most room Remaining allows: the limit and the grant,
+			// less the count. Within a window both the count and the
+			// grant only grow. A grant the copy was told of (see
+			// Store.Grant) is known exactly, and the count is the least
+			// that leaves that room; room beyond the limit and the grant
+			// known is a grant the copy was not told of.
 			room, limit := (d.Remaining+1)*Milli-1, l.Events*Milli
-			s.Level, s.Head = max(s.Level, limit-room), max(s.Head, room-limit)
+			s.Head = max(s.Head, room-limit)
+			s.Level = max(s.Level, limit+s.Head-room)
 		}
 	case SlidingWindow:
 		l.seedSliding(s, d, cost)
@@ -128,6 +133,13 @@ func (l *Limit) seedSliding(s *State, d Decision, cost int64) {
 	switch s.At {
 	case start:
 	case start + l.Window: // a late reply: its window is the previous one
+		if s.Head < 0 {
+			// Head is this window's grant (see State): the previous
+			// window's count is in Prev alone, which may count the
+			// charge twice (erring towards refusing).
+			s.Prev += cost
+			return
+		}
 		s.Head += cost
 		s.Prev = max(s.Prev, s.Head)
 		return
@@ -170,9 +182,13 @@ func (l *Limit) prevFor(left, toNext int64) int64 {
 // own, at d.At, go in among them in time order (a reply may come after a
 // later one's), and the log keeps at most its events' worth, the newest.
 // One instance's copy then holds every entry it charged; the entries
-// other instances charged are not known to it.
+// other instances charged are not known to it. While a grant the copy was
+// told of lasts, the log keeps that many whole events more.
 func (l *Limit) seedLog(s *State, d Decision, cost int64) {
 	n := l.Events
+	if s.Prev > 0 && d.At < s.At {
+		n += s.Prev / Milli // a grant the copy was told of, while it lasts
+	}
 	k := min(ceilDiv(cost, Milli), n)
 	if k == 0 {
 		return

@@ -530,3 +530,46 @@ func TestSeedAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestSeedFollowsGrant: a copy told of a grant (Grant on the copy, as
+// the store does for the grants of the store it copies), then seeded with
+// the shared state's decisions, admits on its own what the shared state
+// still admits: no more (the limit and the grant, less what was used of
+// it), and, for the windows, no less. Before, a fixed_window copy seeded
+// after a grant kept its count at 0 while the decision's room exceeded
+// the limit, and admitted the whole grant again.
+func TestSeedFollowsGrant(t *testing.T) {
+	for _, kind := range []Kind{FixedWindow, SlidingWindow, SlidingLog} {
+		for _, c := range []struct{ spent, grant, used int }{{3, 5, 3}, {3, 5, 1}, {1, 2, 0}, {0, 4, 4}} {
+			l := mustLimit(t, kind, 3, time.Hour, 0, 0)
+			now := t0 - t0%l.Window + sec
+			var shared, local State
+			step := func() int64 { now += sec; return now }
+			for range c.spent {
+				l.Seed(&local, l.Take(&shared, step(), Milli), Milli, true)
+			}
+			d, err := l.Grant(&shared, step(), int64(c.grant)*Milli)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.Grant(&local, now, int64(c.grant)*Milli); err != nil {
+				t.Fatal(err)
+			}
+			l.Seed(&local, d, 0, false)
+			for range c.used {
+				l.Seed(&local, l.Take(&shared, step(), Milli), Milli, true)
+			}
+			admits := func(s State) int {
+				n := 0
+				for at := now + sec; l.Take(&s, at, Milli).Allowed; at += sec {
+					n++
+				}
+				return n
+			}
+			want, got := admits(shared), admits(local)
+			if got > want || got < want {
+				t.Errorf("%s %+v: the copy admits %d on its own, the shared state %d", kind, c, got, want)
+			}
+		}
+	}
+}

@@ -63,6 +63,15 @@ type Granter interface {
 	Grant(ctx context.Context, key string, now, amount int64) (algorithms.Decision, error)
 }
 
+// OnceGranter is a Granter that applies a grant with an id at most once
+// per key and window (the Redis store: on every instance).
+type OnceGranter interface {
+	// GrantOnce is Grant for a grant with an id (none if ""): a grant
+	// whose id was applied to key already applies nothing, returns the
+	// key's state, and reports applied false.
+	GrantOnce(ctx context.Context, key string, now, amount int64, id string) (d algorithms.Decision, applied bool, err error)
+}
+
 // MaxKeyLen is the longest resolved key stored as it is; BoundKey hashes
 // longer ones.
 const MaxKeyLen = 128

@@ -390,8 +390,18 @@ func (o *outbox) send(ctx context.Context, calls []*call, args func(*call) []any
 		o.cmds = append(o.cmds, o.combine(ctx))
 	}
 	_ = o.p.BatchProcess(ctx, o.cmds...)
-	clear(o.cmds)        // the commands belong to their calls, which are recycled
-	_, _ = o.p.Exec(ctx) // each command carries its own error
+	if _, err := o.p.Exec(ctx); err != nil && !isReply(err) {
+		// A pipeline that failed to get a connection (a refused dial)
+		// returns its error without setting it on its commands, which
+		// would read as empty replies: an undo's or a settlement's,
+		// which succeed with none.
+		for _, cmd := range o.cmds {
+			if cmd.Err() == nil {
+				cmd.SetErr(err)
+			}
+		}
+	}
+	clear(o.cmds) // the commands belong to their calls, which are recycled
 	if len(o.joined) > 0 {
 		return o.split(ctx)
 	}
@@ -502,6 +512,13 @@ func (o *outbox) profile(a []any) int {
 	}
 	o.profiles = append(o.profiles, a)
 	return len(o.profiles)
+}
+
+// isReply reports whether err is an error reply of Redis's (the error of
+// one command), not a failure of the connection.
+func isReply(err error) bool {
+	var r goredis.Error
+	return errors.As(err, &r)
 }
 
 // errRunAlone marks a call whose decision raised an error in a combined

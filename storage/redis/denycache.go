@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"slices"
 	"strconv"
 	"strings"
@@ -155,15 +157,23 @@ func (s *Store) listen() {
 			return
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		sub := s.pubsub.Subscribe(ctx, s.prefix+ResetChannel)
+		sub := s.pubsub.Subscribe(ctx, s.prefix+ResetChannel, s.prefix+GrantChannel)
 		s.stopListen = func() {
 			cancel()
 			_ = sub.Close()
 		}
 		go func() {
 			for msg := range sub.Channel() {
-				s.deny.forget(msg.Payload)
-				s.resets.call(s.prefix, msg.Payload)
+				rkey, grant, own := msg.Payload, int64(0), false
+				if msg.Channel == s.prefix+GrantChannel {
+					if rkey, grant, own = readGrant(msg.Payload); grant == 0 {
+						continue
+					}
+				}
+				s.deny.forget(rkey)
+				if !own {
+					s.resets.call(s.prefix, rkey, grant)
+				}
 			}
 		}()
 	})
@@ -175,15 +185,17 @@ type resetHooks struct {
 	m  map[string][]*resetHook
 }
 
-type resetHook struct{ fn func(key string) }
+type resetHook struct{ fn func(key string, grant int64) }
 
-// OnReset has fn called with the resolved key of every reset of zone l's
-// state that an instance publishes (Reset on a store with a deny cache),
-// this one's too, as soon as this store hears of it (it listens from its
-// first decision on), until stop is called. fn must not block: the store
-// hears of the resets one after another. l is a limiter of s's Zone.
-// Without a deny cache, fn is never called.
-func (s *Store) OnReset(l storage.Limiter, fn func(key string)) (stop func()) {
+// OnReset has fn called with the resolved key of every reset (grant 0) or
+// grant (of grant milli-units) of zone l's state that an instance
+// publishes (Reset and Grant on a store with a deny cache), as soon as
+// this store hears of it (it listens from its first decision on), until
+// stop is called: this instance's resets too, but not its grants (this
+// process applies them to its local copies itself, once). fn must not
+// block: the store hears of them one after another. l is a limiter of
+// s's Zone. Without a deny cache, fn is never called.
+func (s *Store) OnReset(l storage.Limiter, fn func(key string, grant int64)) (stop func()) {
 	z, ok := l.(*zone)
 	if !ok || z.store != s {
 		return func() {}
@@ -209,8 +221,8 @@ func (s *Store) OnReset(l storage.Limiter, fn func(key string)) (stop func()) {
 }
 
 // call calls the hooks of the zone of rkey, a Redis key under prefix that
-// a reset named, with the resolved key.
-func (r *resetHooks) call(prefix, rkey string) {
+// a reset or grant named, with the resolved key.
+func (r *resetHooks) call(prefix, rkey string, grant int64) {
 	key, tail, ok := splitKey(prefix, rkey)
 	if !ok {
 		return
@@ -218,8 +230,39 @@ func (r *resetHooks) call(prefix, rkey string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, h := range r.m[tail] {
-		h.fn(key)
+		h.fn(key, grant)
 	}
+}
+
+// origin names this process in the grant notices it publishes, so that
+// it skips its own (see OnReset).
+var origin = func() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}()
+
+// GrantChannel is the pub/sub channel (after the key prefix) on which a
+// grant names its origin, amount and Redis key (see grantNotice).
+const GrantChannel = "grant"
+
+// grantNotice is the message of a grant of amount milli-units to rkey:
+// this process's origin, the amount and rkey, space-separated (rkey
+// last: a resolved key may hold any byte).
+func grantNotice(rkey string, amount int64) string {
+	return origin + " " + strconv.FormatInt(amount, 10) + " " + rkey
+}
+
+// readGrant reads a grant's message: the Redis key, the amount granted
+// (0 for a message it cannot read), and whether this process sent it.
+func readGrant(msg string) (rkey string, grant int64, own bool) {
+	from, rest, _ := strings.Cut(msg, " ")
+	amount, rkey, ok := strings.Cut(rest, " ")
+	grant, err := strconv.ParseInt(amount, 10, 64)
+	if !ok || err != nil || grant <= 0 {
+		return "", 0, false
+	}
+	return rkey, grant, from == origin
 }
 
 // splitKey is Store.key read backwards: the resolved key and the zone's

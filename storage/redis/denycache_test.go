@@ -240,9 +240,9 @@ func TestOnReset(t *testing.T) {
 	l := mustLimit(t, algorithms.TokenBucket, 1, time.Hour, 0, 0)
 	za, zb, other := zoneOf(a, "heard", l), zoneOf(b, "heard", l), zoneOf(b, "heard2", l)
 	heard := make(chan string, 16)
-	stop := a.OnReset(za, func(key string) { heard <- key })
-	a.OnReset(zoneOf(a, "heard2", l), func(key string) { heard <- "heard2: " + key })
-	if stop := b.OnReset(za, func(string) { t.Error("a hook for another store's zone was called") }); stop == nil {
+	stop := a.OnReset(za, func(key string, _ int64) { heard <- key })
+	a.OnReset(zoneOf(a, "heard2", l), func(key string, _ int64) { heard <- "heard2: " + key })
+	if stop := b.OnReset(za, func(string, int64) { t.Error("a hook for another store's zone was called") }); stop == nil {
 		t.Fatal("OnReset returned no stop")
 	}
 	for {

@@ -2,7 +2,8 @@
 -- Peek), after common.lua and the algorithm's file.
 --
 -- KEYS[1]:      the key
--- KEYS[2]:      for 'u', 'o' and 'x', the key's reset mark (in KEYS[1]'s slot)
+-- KEYS[2]:      for 'u', 'o' and 'x', the key's reset mark (in KEYS[1]'s slot);
+--               for 'g', the grant's id key, if it has an id (idem)
 -- ARGV[1] op:   as in common.lua ('t', 'r', 'p', 'u', 'o', 'g'), or 'x' reset
 -- ARGV[2] now:  µs since the Unix epoch; negative means the server's clock
 -- ARGV[3]:      TTL slack in ms
@@ -10,10 +11,13 @@
 --               reset, how long its mark is kept, in ms
 -- ARGV[5, 6]:   ta and tr, for an undo (see common.lua)
 -- ARGV[7]:      the algorithm's code; ARGV[8..11] its constants
+-- ARGV[12]:     for 'g' with an id key, how long the id is kept, in ms
 --
 -- It returns the decision, or {} for an undo and for a peek at a key that
 -- does not exist, or for a reset {1} if it deleted the key, {0} if there
--- was none.
+-- was none, or for a grant whose id was applied already {-1} (nothing
+-- changed: the id is set, in the same script, only by the grant it
+-- names).
 --
 -- A reset deletes the key and marks the time it did so (the time its
 -- state held, if the clock ran backwards) in KEYS[2]: an undo of a charge
@@ -23,6 +27,11 @@
 -- is kept as long as a charge counts (storage.Horizon).
 slack = tonumber(ARGV[3])
 local op = ARGV[1]
+if op == 'g' and KEYS[2] then
+	if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', tonumber(ARGV[12]) + slack) then
+		return {-1}
+	end
+end
 if (op == 'x' or op == 'u' or op == 'o') and KEYS[2] then
 	local mark = tonumber(redis.call('GET', KEYS[2]))
 	if op == 'x' then

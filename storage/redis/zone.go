@@ -116,10 +116,20 @@ func (z *zone) Take(ctx context.Context, key string, now, cost int64) (algorithm
 // after taken.At (by the server's clock, as taken.At): the reset gave the
 // charge back.
 func (z *zone) Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error {
-	if _, _, err := z.runKeys(ctx, opUndo, z.store.key(key, z.tail), true, now, undoAmount(&z.limit, cost), taken); err != nil {
+	rkey := z.store.key(key, z.tail)
+	if _, _, err := z.runKeys(ctx, opUndo, rkey, true, now, undoAmount(&z.limit, cost), taken); err != nil {
 		return fmt.Errorf("redis store: undo %q: %w", z.name, err)
 	}
+	z.store.gaveBack(rkey)
 	return nil
+}
+
+// gaveBack drops rkey's rejection from this store's deny cache after this
+// instance gave back to it: the key may be admitted at once.
+func (s *Store) gaveBack(rkey string) {
+	if s.deny != nil {
+		s.deny.forget(rkey)
+	}
 }
 
 // Peek reports the decision one event for key would get, charging nothing
@@ -166,23 +176,35 @@ func (z *zone) Reset(ctx context.Context, key string, now int64) (bool, error) {
 		return false, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
 	n := v[0]
-	if err := z.store.forget(ctx, rkey); err != nil {
+	if err := z.store.announce(ctx, rkey, 0); err != nil {
 		return n > 0, fmt.Errorf("redis store: reset %q: %w", z.name, err)
 	}
 	return n > 0, nil
 }
 
-// forget has every instance's deny cache forget the Redis key rkey, this
-// one's at once, after a reset or a grant changed its state: a rejection
-// cached until the window's end would otherwise outlive a grant. The
-// instances' local copies follow it too (see OnReset).
-func (s *Store) forget(ctx context.Context, rkey string) error {
+// ErrNotAnnounced is the error of a reset or grant that was applied on
+// Redis, but whose notice to the other instances failed (a timeout, or an
+// ACL user without the right to publish on the channel): their deny
+// caches forget the key within DenyCacheFor all the same, their local
+// copies learn it at their next decision on the key.
+var ErrNotAnnounced = errors.New("applied, but telling the other instances failed")
+
+// announce has every instance's deny cache forget the Redis key rkey, this
+// one's at once, after a reset (grant 0) or a grant of grant milli-units
+// changed its state: a rejection cached until the window's end would
+// otherwise outlive a grant. The other instances' local copies follow it
+// too (see OnReset).
+func (s *Store) announce(ctx context.Context, rkey string, grant int64) error {
 	if s.deny == nil {
 		return nil
 	}
 	s.deny.forget(rkey)
-	if err := s.pubsub.Publish(ctx, s.prefix+ResetChannel, rkey).Err(); err != nil {
-		return fmt.Errorf("telling the other instances: %w", err)
+	channel, msg := ResetChannel, rkey
+	if grant > 0 {
+		channel, msg = GrantChannel, grantNotice(rkey, grant)
+	}
+	if err := s.pubsub.Publish(ctx, s.prefix+channel, msg).Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotAnnounced, err)
 	}
 	return nil
 }
@@ -262,20 +284,63 @@ func (z *zone) Renew(ctx context.Context, key string, now int64, taken algorithm
 // Grant gives key amount milli-units of extra quota for its current window
 // on Redis's clock (see algorithms.Limit.Grant), and returns the decision
 // one event would then get. Every instance sees it: it is in the key's
-// state.
+// state. An error that wraps ErrNotAnnounced says the grant was applied.
 func (z *zone) Grant(ctx context.Context, key string, now, amount int64) (algorithms.Decision, error) {
+	d, _, err := z.GrantOnce(ctx, key, now, amount, "")
+	return d, err
+}
+
+// GrantOnce is Grant for a grant with an id (none if ""): a grant whose id
+// was applied to the key in this zone within storage.Horizon (its window,
+// and more) applies nothing, on any instance, and reports applied false.
+// The id is kept in Redis by the grant's own script, so that a grant and
+// its id are applied together or not at all. An error that wraps
+// ErrNotAnnounced says the grant was applied, but the other instances
+// were not told of it (see OnGrant).
+func (z *zone) GrantOnce(ctx context.Context, key string, now, amount int64, id string) (d algorithms.Decision, applied bool, err error) {
 	if !z.limit.Grantable() {
-		return algorithms.Decision{}, fmt.Errorf("redis store: grant %q: %w", z.name, algorithms.ErrNoGrant)
+		return d, false, fmt.Errorf("redis store: grant %q: %w", z.name, algorithms.ErrNoGrant)
 	}
+	amount = min(max(amount, 0), z.limit.GrantCap())
 	rkey := z.store.key(key, z.tail)
-	d, _, err := z.runKey(ctx, opGrant, rkey, now, min(max(amount, 0), z.limit.GrantCap()), algorithms.Decision{})
-	if err == nil {
-		err = z.store.forget(ctx, rkey)
+	if id == "" {
+		d, _, err = z.runKey(ctx, opGrant, rkey, now, amount, algorithms.Decision{})
+	} else {
+		d, err = z.grantOnce(ctx, rkey, now, amount, id)
 	}
-	if err != nil {
-		return d, fmt.Errorf("redis store: grant %q: %w", z.name, err)
+	switch {
+	case errors.Is(err, errGranted):
+		d, _, err = z.Peek(ctx, key, now)
+		return d, false, err
+	case err != nil:
+		return d, false, fmt.Errorf("redis store: grant %q: %w", z.name, err)
 	}
-	return d, nil
+	if err := z.store.announce(ctx, rkey, amount); err != nil {
+		return d, true, fmt.Errorf("redis store: grant %q: %w", z.name, err)
+	}
+	return d, true, nil
+}
+
+// errGranted is grantOnce's error for an id applied already.
+var errGranted = errors.New("granted already")
+
+// grantOnce runs a grant with its id key (see single.lua).
+func (z *zone) grantOnce(ctx context.Context, rkey string, now, amount int64, id string) (algorithms.Decision, error) {
+	c := newCall(z.script, z.store.fns.fcall(), 2)
+	keep := (storage.Horizon(&z.limit) + 999) / 1000 // ms
+	c.args = append(c.args, rkey, rkey+"!grant:"+id, word(opGrant), z.store.clock(now), z.store.ttlSlack, amount, 0, 0)
+	c.args = append(c.args, z.constsAt(now)...)
+	c.args = append(c.args, keep)
+	v, err := z.store.run.run(ctx, c)
+	switch {
+	case err != nil:
+		return algorithms.Decision{}, err
+	case len(v) == 1 && v[0] == -1:
+		return algorithms.Decision{}, errGranted
+	case len(v) != 6:
+		return algorithms.Decision{}, fmt.Errorf("%w: %v", errReply, v)
+	}
+	return decision(v), nil
 }
 
 var _ storage.Granter = (*zone)(nil)
@@ -289,3 +354,5 @@ func (z *zone) Forget(key string) {
 		z.store.deny.forget(z.store.key(key, z.tail))
 	}
 }
+
+var _ storage.OnceGranter = (*zone)(nil)

@@ -1,4 +1,4 @@
-package tollgate
+package shared
 
 import (
 	"context"
@@ -42,8 +42,8 @@ func TestRedisFailureEvidence(t *testing.T) {
 		{"caller gone", gone, context.Canceled, noEvidence},
 		{"caller gone while refused", gone, refused, noEvidence},
 	} {
-		if got := redisFailure(c.parent, c.err); got != c.want {
-			t.Errorf("%s: redisFailure(%v) = %d, want %d", c.name, c.err, got, c.want)
+		if got := failure(c.parent, c.err); got != c.want {
+			t.Errorf("%s: failure(%v) = %d, want %d", c.name, c.err, got, c.want)
 		}
 	}
 }
@@ -53,8 +53,8 @@ func TestRedisFailureEvidence(t *testing.T) {
 // an errors.As escaped to the heap on every call).
 func TestRedisFailureOfAnAnswerAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
-	if n := testing.AllocsPerRun(100, func() { redisFailure(ctx, nil) }); n != 0 {
-		t.Errorf("redisFailure of an answered call: %v allocations, want 0", n)
+	if n := testing.AllocsPerRun(100, func() { failure(ctx, nil) }); n != 0 {
+		t.Errorf("failure of an answered call: %v allocations, want 0", n)
 	}
 }
 
@@ -67,7 +67,7 @@ func (timeoutErr) Temporary() bool { return true }
 func errEOF() error { return fmt.Errorf("read: %w", io.EOF) }
 
 // TestRedisBreakerOpensOnEvidence: one slow reply, or a few, never open the
-// breaker; redisFailStreak in a row do, and so does one refused
+// breaker; FailStreak in a row do, and so does one refused
 // connection; an answer in between starts the count again. The outage is
 // logged once when it opens and once when it closes.
 func TestRedisBreakerOpensOnEvidence(t *testing.T) {
@@ -75,15 +75,15 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 	slow := context.DeadlineExceeded
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
 
-	newHealth := func() (*redisHealth, *observer.ObservedLogs) {
+	newHealth := func() (*Breaker, *observer.ObservedLogs) {
 		core, logs := observer.New(zapcore.InfoLevel)
-		return &redisHealth{logger: zap.New(core)}, logs
+		return &Breaker{Logger: zap.New(core)}, logs
 	}
 	// call makes one call whose outcome is err; it reports whether the
 	// breaker let it through.
-	call := func(h *redisHealth, parent context.Context, err error) bool {
+	call := func(h *Breaker, parent context.Context, err error) bool {
 		ran := false
-		h.do(parent, func() (bool, error) {
+		h.Do(parent, func() (bool, error) {
 			ran = true
 			return true, err
 		})
@@ -91,9 +91,9 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 	}
 	// admits reports whether the breaker lets a call through now, and
 	// gives back the probe if that call took it, observing nothing.
-	admits := func(h *redisHealth) bool {
+	admits := func(h *Breaker) bool {
 		ran := false
-		h.do(ctx, func() (bool, error) {
+		h.Do(ctx, func() (bool, error) {
 			ran = true
 			return false, nil
 		})
@@ -112,25 +112,25 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 	})
 	t.Run("slow replies with answers between", func(t *testing.T) {
 		h, _ := newHealth()
-		for i := 0; i < 10*redisFailStreak; i++ {
+		for i := 0; i < 10*FailStreak; i++ {
 			err := slow
-			if i%redisFailStreak == redisFailStreak-1 {
+			if i%FailStreak == FailStreak-1 {
 				err = nil
 			}
 			if !call(h, ctx, err) {
-				t.Fatalf("call %d: breaker open after fewer than %d failures in a row", i, redisFailStreak)
+				t.Fatalf("call %d: breaker open after fewer than %d failures in a row", i, FailStreak)
 			}
 		}
 	})
 	t.Run("a streak of slow replies", func(t *testing.T) {
 		h, logs := newHealth()
-		for i := 0; i < redisFailStreak; i++ {
+		for i := 0; i < FailStreak; i++ {
 			if !call(h, ctx, slow) {
-				t.Fatalf("call %d: breaker open before %d failures in a row", i, redisFailStreak)
+				t.Fatalf("call %d: breaker open before %d failures in a row", i, FailStreak)
 			}
 		}
 		if admits(h) {
-			t.Fatalf("after %d failures in a row the breaker is closed, want open", redisFailStreak)
+			t.Fatalf("after %d failures in a row the breaker is closed, want open", FailStreak)
 		}
 		if logs.Len() != 1 || logs.All()[0].Level != zapcore.ErrorLevel {
 			t.Fatalf("logs: %v, want one error line", logs.All())
@@ -154,7 +154,7 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 		h, _ := newHealth()
 		gone, cancel := context.WithCancel(ctx)
 		cancel()
-		for i := 0; i < 3*redisFailStreak; i++ {
+		for i := 0; i < 3*FailStreak; i++ {
 			if !call(h, ctx, goredis.ErrPoolTimeout) || !call(h, gone, context.Canceled) {
 				t.Fatalf("call %d: breaker open on failures that are not Redis's", i)
 			}
@@ -165,7 +165,7 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 		call(h, ctx, refused)
 		h.retryAt.Store(0)
 		ran := false
-		h.do(ctx, func() (bool, error) {
+		h.Do(ctx, func() (bool, error) {
 			ran = true
 			if admits(h) {
 				t.Error("second concurrent probe admitted")
@@ -191,22 +191,22 @@ func TestRedisBreakerOpensOnEvidence(t *testing.T) {
 func TestRedisBreakerProbeAlwaysGoesBack(t *testing.T) {
 	ctx := context.Background()
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
-	opened := func() *redisHealth {
-		h := &redisHealth{logger: zap.NewNop()}
-		h.do(ctx, func() (bool, error) { return true, refused })
+	opened := func() *Breaker {
+		h := &Breaker{Logger: zap.NewNop()}
+		h.Do(ctx, func() (bool, error) { return true, refused })
 		h.retryAt.Store(0) // the retry time has come
 		return h
 	}
-	probes := func(h *redisHealth) bool { // takes and gives back the probe
+	probes := func(h *Breaker) bool { // takes and gives back the probe
 		ran := false
-		h.do(ctx, func() (bool, error) { ran = true; return false, nil })
+		h.Do(ctx, func() (bool, error) { ran = true; return false, nil })
 		return ran
 	}
 
 	t.Run("not answered by Redis", func(t *testing.T) {
 		h := opened()
 		// A probe that a deny cache answered: no round trip.
-		if err := h.do(ctx, func() (bool, error) { return false, nil }); err != nil {
+		if err := h.Do(ctx, func() (bool, error) { return false, nil }); err != nil {
 			t.Fatalf("probe: %v", err)
 		}
 		if h.downSince.Load() == 0 {
@@ -220,28 +220,28 @@ func TestRedisBreakerProbeAlwaysGoesBack(t *testing.T) {
 		h := opened()
 		func() {
 			defer func() { _ = recover() }()
-			h.do(ctx, func() (bool, error) { panic("in the call") })
+			h.Do(ctx, func() (bool, error) { panic("in the call") })
 		}()
 		if !probes(h) {
 			t.Error("the probe did not go back after a panic")
 		}
 	})
 	t.Run("a call that never held it", func(t *testing.T) {
-		h := &redisHealth{logger: zap.NewNop()}
+		h := &Breaker{Logger: zap.NewNop()}
 		admitted, release := make(chan struct{}), make(chan struct{})
 		done := make(chan struct{})
 		go func() { // admitted while closed; ends while another probes
 			defer close(done)
-			h.do(ctx, func() (bool, error) {
+			h.Do(ctx, func() (bool, error) {
 				close(admitted)
 				<-release
 				return true, context.DeadlineExceeded
 			})
 		}()
 		<-admitted
-		h.do(ctx, func() (bool, error) { return true, refused }) // opens
+		h.Do(ctx, func() (bool, error) { return true, refused }) // opens
 		h.retryAt.Store(0)
-		h.do(ctx, func() (bool, error) { // the probe, in flight
+		h.Do(ctx, func() (bool, error) { // the probe, in flight
 			close(release)
 			<-done
 			if probes(h) {
@@ -253,27 +253,4 @@ func TestRedisBreakerProbeAlwaysGoesBack(t *testing.T) {
 			t.Error("after the probe's answer the breaker is open, want closed")
 		}
 	})
-}
-
-// TestRedisClientLogIsThrottled: go-redis's own lines go through the
-// logger, structured, one per interval with the count held back.
-func TestRedisClientLogIsThrottled(t *testing.T) {
-	core, logs := observer.New(zapcore.DebugLevel)
-	now := int64(0)
-	l := &redisLog{logger: func() *zap.Logger { return zap.New(core) }, now: func() int64 { return now }}
-	for i := 0; i < 1000; i++ {
-		l.Printf(context.Background(), "redis: dial tcp %s: connect: connection refused", "127.0.0.1:1")
-	}
-	now += logThrottleInterval
-	l.Printf(context.Background(), "again")
-	if logs.Len() != 2 {
-		t.Fatalf("1001 lines over one interval gave %d log entries, want 2", logs.Len())
-	}
-	first, second := logs.All()[0], logs.All()[1]
-	if first.ContextMap()["message"] != "redis: dial tcp 127.0.0.1:1: connect: connection refused" {
-		t.Errorf("first entry: %v, want the formatted go-redis line as a field", first.ContextMap())
-	}
-	if second.ContextMap()["suppressed"] != int64(999) {
-		t.Errorf("second entry: suppressed %v, want 999", second.ContextMap()["suppressed"])
-	}
 }

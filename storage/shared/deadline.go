@@ -1,4 +1,4 @@
-package tollgate
+package shared
 
 import (
 	"context"
@@ -6,35 +6,35 @@ import (
 	"time"
 )
 
-// deadlineGrain is how much later than its timeout a shared deadline may
+// grain is how much later than its timeout a shared deadline may
 // end.
-const deadlineGrain = time.Millisecond
+const grain = time.Millisecond
 
-// sharedDeadlines hands out contexts that end at now + timeout, rounded up
-// to the next deadlineGrain: every decision that starts within one grain
+// Deadlines hands out contexts that end at now + timeout, rounded up
+// to the next grain: every decision that starts within one grain
 // shares one context, and so one timer. A timer per decision
 // (context.WithTimeout and its cancel) was 3% of Caddy's CPU on a Redis
 // zone's request path. A shared context carries no request values and
 // does not end when its request's client goes away: a decision whose
 // client left still waits for Redis, up to the timeout.
-type sharedDeadlines struct {
-	cur atomic.Pointer[sharedDeadline]
+type Deadlines struct {
+	cur atomic.Pointer[deadline]
 }
 
-type sharedDeadline struct {
+type deadline struct {
 	at     time.Time
 	ctx    context.Context
 	cancel context.CancelFunc // never called: the deadline ends it, and frees its timer
 }
 
-// get returns a context that ends between timeout and timeout +
-// deadlineGrain from now.
-func (s *sharedDeadlines) get(timeout time.Duration) context.Context {
-	at := time.Now().Add(timeout).Truncate(deadlineGrain).Add(deadlineGrain)
+// Get returns a context that ends between timeout and timeout +
+// grain from now.
+func (s *Deadlines) Get(timeout time.Duration) context.Context {
+	at := time.Now().Add(timeout).Truncate(grain).Add(grain)
 	if d := s.cur.Load(); d != nil && d.at.Equal(at) {
 		return d.ctx
 	}
-	d := &sharedDeadline{at: at}
+	d := &deadline{at: at}
 	d.ctx, d.cancel = context.WithDeadline(context.Background(), at)
 	if old := s.cur.Load(); old == nil || old.at.Before(at) {
 		s.cur.Store(d) // a racing caller may store its own: both are right

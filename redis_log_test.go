@@ -1,0 +1,33 @@
+package tollgate
+
+import (
+	"context"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestRedisClientLogIsThrottled: go-redis's own lines go through the
+// logger, structured, one per interval with the count held back.
+func TestRedisClientLogIsThrottled(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	now := int64(0)
+	l := &redisLog{logger: func() *zap.Logger { return zap.New(core) }, now: func() int64 { return now }}
+	for i := 0; i < 1000; i++ {
+		l.Printf(context.Background(), "redis: dial tcp %s: connect: connection refused", "127.0.0.1:1")
+	}
+	now += logThrottleInterval
+	l.Printf(context.Background(), "again")
+	if logs.Len() != 2 {
+		t.Fatalf("1001 lines over one interval gave %d log entries, want 2", logs.Len())
+	}
+	first, second := logs.All()[0], logs.All()[1]
+	if first.ContextMap()["message"] != "redis: dial tcp 127.0.0.1:1: connect: connection refused" {
+		t.Errorf("first entry: %v, want the formatted go-redis line as a field", first.ContextMap())
+	}
+	if second.ContextMap()["suppressed"] != int64(999) {
+		t.Errorf("second entry: suppressed %v, want 999", second.ContextMap()["suppressed"])
+	}
+}
