@@ -6,6 +6,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tollgate/tollgate/internal/bodyscan"
 )
 
 // placeholders are a request's {http.rate_limit.*} values, which later
@@ -92,3 +94,25 @@ func (p *placeholders) get(key string) (any, bool) {
 
 // String keeps the request variable empty should anything print it.
 func (p *placeholders) String() string { return "" }
+
+// requestJSONPlaceholder starts the placeholders of a number in the
+// request's JSON body, such as {http.rate_limit.request.json.max_tokens}.
+const requestJSONPlaceholder = "http.rate_limit.request.json."
+
+// readRequestJSON reads the numbers at paths in the request's JSON body
+// into their placeholders (see bodyscan.ReadRequest); a body that is
+// longer than the bound, not one whole JSON document, or lacks a path
+// sets nothing (the cost is then default_cost).
+//
+//go:noinline
+func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
+	doc, ok := bodyscan.ReadRequest(r)
+	if !ok {
+		return
+	}
+	for _, p := range paths {
+		if n, ok := bodyscan.NumberAt(doc, strings.Split(p, ".")); ok {
+			repl.Set(requestJSONPlaceholder+p, string(n))
+		}
+	}
+}

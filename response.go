@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/bodyscan"
 	"github.com/caddy-tollgate/tollgate/storage"
 )
 
@@ -193,7 +194,7 @@ func (h *Handler) settle(r *http.Request, results []result, tap *responseTap, st
 	repl.Set("http.response.status", status)
 	repl.Set("http.response.size", tap.size)
 	if tap.scan != nil {
-		tap.scan.finish(repl)
+		tap.scan.Finish(func(path, num string) { repl.Set(jsonPlaceholder+path, num) })
 	}
 	header, costRepl := tap.header, repl
 	if header == nil {
@@ -300,7 +301,7 @@ type responseTap struct {
 	keep   bool        // a zone reads the headers: header keeps them
 	header http.Header // the headers as written with the final status; nil before
 	size   int64       // body bytes written
-	scan   *bodyScanner
+	scan   *bodyscan.Scanner
 }
 
 func newResponseTap(w http.ResponseWriter, results []result) *responseTap {
@@ -314,7 +315,7 @@ func newResponseTap(w http.ResponseWriter, results []result) *responseTap {
 		}
 	}
 	if len(paths) > 0 {
-		t.scan = newBodyScanner(paths)
+		t.scan = bodyscan.New(paths)
 	}
 	return t
 }
@@ -349,7 +350,7 @@ func (t *responseTap) Write(p []byte) (int, error) {
 	n, err := t.ResponseWriterWrapper.Write(p)
 	t.size += int64(n)
 	if t.scan != nil && n > 0 {
-		t.scan.feed(t.header, p[:n])
+		t.scan.Feed(t.header, p[:n])
 	}
 	return n, err
 }

@@ -1,4 +1,4 @@
-package tollgate
+package bodyscan
 
 import (
 	"bytes"
@@ -44,18 +44,18 @@ func TestJSONNumberAt(t *testing.T) {
 		{`{"usage":-3}`, "usage", "-3"},
 	}
 	for _, c := range cases {
-		got, ok := jsonNumberAt([]byte(c.doc), strings.Split(c.path, "."))
+		got, ok := NumberAt([]byte(c.doc), strings.Split(c.path, "."))
 		if c.want == "" && ok {
-			t.Errorf("jsonNumberAt(%s, %s) = %q, want not found", c.doc, c.path, got)
+			t.Errorf("NumberAt(%s, %s) = %q, want not found", c.doc, c.path, got)
 		}
 		if c.want != "" && (!ok || string(got) != c.want) {
-			t.Errorf("jsonNumberAt(%s, %s) = %q, %v; want %q", c.doc, c.path, got, ok, c.want)
+			t.Errorf("NumberAt(%s, %s) = %q, %v; want %q", c.doc, c.path, got, ok, c.want)
 		}
 	}
 	doc := []byte(`{"choices":[{"delta":{"content":"` + strings.Repeat("y", 900) + `"}}],"usage":{"total_tokens":9}}`)
 	segs := []string{"usage", "total_tokens"}
-	if n := testing.AllocsPerRun(100, func() { jsonNumberAt(doc, segs) }); n != 0 {
-		t.Errorf("jsonNumberAt allocates %v times, want 0", n)
+	if n := testing.AllocsPerRun(100, func() { NumberAt(doc, segs) }); n != 0 {
+		t.Errorf("NumberAt allocates %v times, want 0", n)
 	}
 }
 
@@ -90,10 +90,10 @@ func FuzzJSONNumberAt(f *testing.F) {
 				return // refused at load
 			}
 		}
-		got, ok := jsonNumberAt(doc, segs)
+		got, ok := NumberAt(doc, segs)
 		want, wantOK := decodedNumberAt(doc, segs)
 		if ok != wantOK || string(got) != want {
-			t.Fatalf("jsonNumberAt(%q, %q) = %q, %v; encoding/json reads %q, %v", doc, path, got, ok, want, wantOK)
+			t.Fatalf("NumberAt(%q, %q) = %q, %v; encoding/json reads %q, %v", doc, path, got, ok, want, wantOK)
 		}
 	})
 }

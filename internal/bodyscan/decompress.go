@@ -1,4 +1,4 @@
-package tollgate
+package bodyscan
 
 import (
 	"io"
@@ -66,7 +66,7 @@ type decompressor struct {
 // decompressor. The goroutine ends when the body does (close), when the
 // compressed bytes are malformed, or when the scan turns off (past its
 // bound); the writes after that return at once, ignored.
-func (s *bodyScanner) decompress(enc string) {
+func (s *Scanner) decompress(enc string) {
 	pr, pw := io.Pipe()
 	d := &decompressor{w: pw, done: make(chan struct{})}
 	s.dec = d

@@ -1,4 +1,4 @@
-package tollgate
+package bodyscan
 
 import (
 	"bytes"
@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 )
 
-// jsonNumberAt returns the number at the dotted path segs in the JSON
+// NumberAt returns the number at the dotted path segs in the JSON
 // document doc (a segment that is a whole number indexes an array),
 // without decoding the document or allocating: it walks the document,
 // skipping every value off the path. It reads the document as JSON
@@ -17,7 +17,7 @@ import (
 // holds something other than a number (null, say), or the document is
 // not one whole JSON value (malformed, or cut off): a parser would
 // refuse it, so no number of it is read.
-func jsonNumberAt(doc []byte, segs []string) (num []byte, ok bool) {
+func NumberAt(doc []byte, segs []string) (num []byte, ok bool) {
 	i := skipSpace(doc, 0)
 	for _, seg := range segs {
 		if i >= len(doc) {

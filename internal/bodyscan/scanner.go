@@ -1,4 +1,9 @@
-package tollgate
+// Package bodyscan reads numbers from HTTP bodies as they pass, for
+// Tollgate's {http.rate_limit.response.json.*} and
+// {http.rate_limit.request.json.*} placeholders: without holding the body
+// back, within fixed bounds, through gzip, zstd and br, and from
+// Server-Sent Events streams event by event. It knows nothing of Caddy.
+package bodyscan
 
 import (
 	"bytes"
@@ -6,13 +11,11 @@ import (
 	"mime"
 	"net/http"
 	"strings"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
-// The body scanner reads numbers for {http.rate_limit.response.json.*}
-// from a response body as it passes to the client: the body is never held
-// back or delayed, and only a bounded amount of it is kept.
+// Scanner reads the numbers at its paths from a response body as it
+// passes to the client: the body is never held back or delayed, and only
+// a bounded amount of it is kept.
 //
 //   - A body with a Content-Encoding of gzip, zstd or br (as `encode`
 //     sends it, or an upstream that compressed it itself) is decompressed
@@ -30,7 +33,7 @@ import (
 //   - Any other body is read as one JSON document, of which at most
 //     maxJSONScan bytes are kept; a longer body, or one that is not a
 //     whole JSON document (cut off mid-write), keeps the estimate.
-type bodyScanner struct {
+type Scanner struct {
 	paths []string
 	segs  [][]string // each path's segments
 	names [][]byte   // each path's first key, quoted: what an event must hold
@@ -42,7 +45,7 @@ type bodyScanner struct {
 	cr    bool   // SSE: the last write ended with a CR
 	// dec, for a compressed body, decompresses the bytes fed and scans
 	// what they decompress to, on a goroutine of its own, which owns the
-	// fields above until finish has waited for it.
+	// fields above until Finish has waited for it.
 	dec *decompressor
 }
 
@@ -61,8 +64,8 @@ const (
 	maxEventScan = 64 << 10 // an event longer than this is skipped
 )
 
-func newBodyScanner(paths []string) *bodyScanner {
-	s := &bodyScanner{paths: paths, found: make([]string, len(paths))}
+func New(paths []string) *Scanner {
+	s := &Scanner{paths: paths, found: make([]string, len(paths))}
 	for _, p := range paths {
 		segs := strings.Split(p, ".")
 		s.segs = append(s.segs, segs)
@@ -71,8 +74,8 @@ func newBodyScanner(paths []string) *bodyScanner {
 	return s
 }
 
-// feed scans p, the next bytes of the body whose headers are h.
-func (s *bodyScanner) feed(h http.Header, p []byte) {
+// Feed scans p, the next bytes of the body whose headers are h.
+func (s *Scanner) Feed(h http.Header, p []byte) {
 	if s.dec != nil {
 		s.dec.write(p)
 		return
@@ -90,7 +93,7 @@ func (s *bodyScanner) feed(h http.Header, p []byte) {
 
 // scan scans p, the next bytes of the body as the upstream wrote it
 // (decompressed).
-func (s *bodyScanner) scan(p []byte) {
+func (s *Scanner) scan(p []byte) {
 	switch s.mode {
 	case scanJSON:
 		if len(s.buf)+len(p) > maxJSONScan {
@@ -119,7 +122,7 @@ func scanModeOf(h http.Header) scanMode {
 // the unfinished line and event. A line whole within p is read in place.
 // A CR that ends p may be the first half of a CRLF: an LF that starts the
 // next write then ends nothing.
-func (s *bodyScanner) feedSSE(p []byte) {
+func (s *Scanner) feedSSE(p []byte) {
 	if s.cr && len(p) > 0 && p[0] == '\n' {
 		p = p[1:]
 	}
@@ -170,7 +173,7 @@ func after(p []byte, at, next int, c byte) int {
 	return at
 }
 
-func (s *bodyScanner) appendLine(b []byte) {
+func (s *Scanner) appendLine(b []byte) {
 	if len(s.buf)+len(b) > maxEventScan {
 		s.skip = true
 		return
@@ -179,7 +182,7 @@ func (s *bodyScanner) appendLine(b []byte) {
 }
 
 // line handles one complete line of the stream, without its line end.
-func (s *bodyScanner) line(l []byte) {
+func (s *Scanner) line(l []byte) {
 	if len(l) == 0 {
 		s.event()
 		return
@@ -199,7 +202,7 @@ func (s *bodyScanner) line(l []byte) {
 
 // event handles a complete event: its data is looked into if it may hold
 // a path.
-func (s *bodyScanner) event() {
+func (s *Scanner) event() {
 	data, skip := s.data, s.skip
 	s.data, s.skip = s.data[:0], false
 	if skip || len(data) == 0 || data[0] != '{' {
@@ -210,21 +213,22 @@ func (s *bodyScanner) event() {
 
 // lookup notes the number at each path of the JSON document that holds
 // one; with quick, only for a document that names the path's first key.
-func (s *bodyScanner) lookup(doc []byte, quick bool) {
+func (s *Scanner) lookup(doc []byte, quick bool) {
 	for i, segs := range s.segs {
 		if quick && !bytes.Contains(doc, s.names[i]) {
 			continue
 		}
-		if n, ok := jsonNumberAt(doc, segs); ok {
+		if n, ok := NumberAt(doc, segs); ok {
 			s.found[i] = string(n)
 		}
 	}
 }
 
-// finish reads what is left (a JSON body) and sets each path's
-// placeholder that was found. An SSE stream's unfinished line and event
-// are not read: a number is read only from an event that ended.
-func (s *bodyScanner) finish(repl *caddy.Replacer) {
+// Finish reads what is left (a JSON body) and calls set with each path
+// whose number was found and the number as written. An SSE stream's
+// unfinished line and event are not read: a number is read only from an
+// event that ended.
+func (s *Scanner) Finish(set func(path, num string)) {
 	if s.dec != nil {
 		s.dec.close()
 	}
@@ -233,45 +237,34 @@ func (s *bodyScanner) finish(repl *caddy.Replacer) {
 	}
 	for i, p := range s.paths {
 		if s.found[i] != "" {
-			repl.Set(jsonPlaceholder+p, s.found[i])
+			set(p, s.found[i])
 		}
 	}
 }
 
-// requestJSONPlaceholder starts the placeholders of a number in the
-// request's JSON body, such as {http.rate_limit.request.json.max_tokens}.
-const requestJSONPlaceholder = "http.rate_limit.request.json."
-
-// readRequestJSON reads the numbers at paths in the request's JSON body
-// into their placeholders, for a cost estimate (an LLM request's
-// max_tokens). It reads the body only as far as its JSON document goes
-// (a client that keeps the body open after it is not waited for), and at
-// most maxJSONScan bytes; what it read is put back for the handlers
-// after, read or not. A body that is longer, not one whole JSON document,
-// or lacks a path sets nothing (the cost is then default_cost).
-//
-//go:noinline
-func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
+// ReadRequest reads the JSON document that r's body starts with, for a
+// cost estimate (an LLM request's max_tokens): only as far as the
+// document goes (a client that keeps the body open after it is not
+// waited for), and at most maxJSONScan bytes. What it read is put back
+// for the handlers after, read or not. ok is false when the body is
+// longer, not one whole JSON document, or absent.
+func ReadRequest(r *http.Request) (doc []byte, ok bool) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return
+		return nil, false
 	}
-	buf, end := readJSONDocument(r.Body)
+	buf, end := readDocument(r.Body)
 	r.Body = replayBody{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
 	if end < 0 {
-		return
+		return nil, false
 	}
-	for _, p := range paths {
-		if n, ok := jsonNumberAt(buf[:end], strings.Split(p, ".")); ok {
-			repl.Set(requestJSONPlaceholder+p, string(n))
-		}
-	}
+	return buf[:end], true
 }
 
-// readJSONDocument reads body until the JSON document it starts with
+// readDocument reads body until the JSON document it starts with
 // ends, the body ends or fails, or maxJSONScan bytes were read, whichever
 // is first. It returns what it read and where in it the document ends,
 // -1 if it did not.
-func readJSONDocument(body io.Reader) (buf []byte, end int) {
+func readDocument(body io.Reader) (buf []byte, end int) {
 	var d docEnd
 	buf = make([]byte, 0, 4<<10)
 	for {
@@ -293,7 +286,7 @@ func readJSONDocument(body io.Reader) (buf []byte, end int) {
 // docEnd finds where a JSON document ends in the bytes given it one part
 // after another: after its top-level object or array closes (a document
 // that is neither holds no path, and ends where it starts). It only
-// follows strings and nesting; jsonNumberAt checks the document.
+// follows strings and nesting; NumberAt checks the document.
 type docEnd struct {
 	depth int
 	begun bool // the first byte of the value was seen
