@@ -357,3 +357,36 @@ func TestConcurrencyKeysAreNeverEvicted(t *testing.T) {
 	}
 	checkConsistent(t, s)
 }
+
+// TestPeekTellsGrant: the store's Peek and Grant tell the quota granted
+// to a key's window, for each window algorithm, until the window ends or
+// a reset forgets the key.
+func TestPeekTellsGrant(t *testing.T) {
+	ctx := context.Background()
+	for _, kind := range []algorithms.Kind{algorithms.FixedWindow, algorithms.SlidingWindow, algorithms.SlidingLog} {
+		t.Run(kind.String(), func(t *testing.T) {
+			s := newStore(t, kind, 2, time.Minute, 0)
+			now := 60 * sec * 1_000_000 // a window's start
+			take(t, s, "a", now)
+			if d, err := s.Grant(ctx, "a", now, 2500); err != nil || d.Granted != 2500 {
+				t.Fatalf("Grant(a, 2.5) = %+v, %v; want Granted 2500", d, err)
+			}
+			if d, ok, _ := s.Peek(ctx, "a", now+59*sec); !ok || d.Granted != 2500 {
+				t.Fatalf("Peek(a) in the granted window = %+v (held %v), want Granted 2500", d, ok)
+			}
+			if d, _, _ := s.Peek(ctx, "a", now+60*sec); d.Granted != 0 {
+				t.Fatalf("Peek(a) after the window = %+v, want Granted 0", d)
+			}
+			if _, err := s.Grant(ctx, "a", now+60*sec, 1000); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := s.Reset(ctx, "a", now+60*sec); !ok || err != nil {
+				t.Fatalf("Reset(a) = %v, %v", ok, err)
+			}
+			take(t, s, "a", now+60*sec)
+			if d, _, _ := s.Peek(ctx, "a", now+60*sec); d.Granted != 0 {
+				t.Fatalf("Peek(a) after a reset = %+v, want Granted 0", d)
+			}
+		})
+	}
+}

@@ -118,6 +118,9 @@ func runCalendarParity(t *testing.T, zl storage.Limiter, l algorithms.Limit, ste
 			want, _ = l.Grant(&state, st.now, st.cost)
 			got, err = zl.(storage.Granter).Grant(ctx, key, st.now, st.cost)
 		}
+		if st.op == peek && got.Granted > 0 {
+			n.granted++
+		}
 		if err != nil {
 			t.Fatalf("step %d: %c at %d cost %d: %v", i, st.op, st.now, st.cost, err)
 		}
@@ -138,7 +141,8 @@ func runCalendarParity(t *testing.T, zl storage.Limiter, l algorithms.Limit, ste
 // DST change) over a year and more (a 29th of February) through the Go
 // algorithm and its Lua twin, with grants, and the window algorithms'
 // grants on epoch windows too (fixed_window, sliding_window and
-// sliding_log); through EVALSHA and FCALL.
+// sliding_log); through EVALSHA and FCALL. A peek's and a grant's
+// decision tell the grant (Decision.Granted) as the Go code does.
 func TestCalendarParity(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, mode := range []string{"evalsha", "fcall"} {
@@ -161,6 +165,9 @@ func TestCalendarParity(t *testing.T) {
 					zname := fmt.Sprintf("%s-%s-%s", mode, name, l.Calendar)
 					n := runCalendarParity(t, zoneOf(s, zname, l), l, boundarySteps(rng, &l, from, c.to))
 					t.Logf("%s: %+v", zname, n)
+					if n.granted == 0 {
+						t.Errorf("%s: no peek told a grant", zname)
+					}
 				}
 			}
 			for _, l := range []algorithms.Limit{
@@ -175,6 +182,9 @@ func TestCalendarParity(t *testing.T) {
 				zname := fmt.Sprintf("%s-grant-%s-%d", mode, l.Kind, l.Window)
 				n := runCalendarParity(t, zoneOf(s, zname, l), l, boundarySteps(rng, &l, epoch, epoch+300*l.Window))
 				t.Logf("%s: %+v", zname, n)
+				if n.granted == 0 {
+					t.Errorf("%s: no peek told a grant", zname)
+				}
 			}
 		})
 	}

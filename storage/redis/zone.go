@@ -247,6 +247,8 @@ func (z *zone) runKeys(ctx context.Context, op, rkey string, marked bool, now, x
 	switch {
 	case len(v) == 6:
 		return decision(v), true, nil
+	case len(v) == 7 && (op == opPeek || op == opGrant):
+		return grantedDecision(v), true, nil
 	case len(v) == 0 && op == opPeek:
 		return d, false, nil
 	case len(v) == 0 && (op == opUndo || op == opRenew || op == opOwe):
@@ -265,6 +267,14 @@ func resetMark(rkey string) string {
 // decision reads a decision as the scripts return it: 6 integers.
 func decision(v []int64) algorithms.Decision {
 	return algorithms.Decision{Allowed: v[0] == 1, Remaining: v[1], Reset: v[2], Wait: v[3], Delay: v[4], At: v[5]}
+}
+
+// grantedDecision reads the decision of a window algorithm's peek or
+// grant: 6 integers and the grant (see common.lua).
+func grantedDecision(v []int64) algorithms.Decision {
+	d := decision(v)
+	d.Granted = v[6]
+	return d
 }
 
 // Renew extends the concurrency lease that the Take whose Decision is
@@ -337,10 +347,10 @@ func (z *zone) grantOnce(ctx context.Context, rkey string, now, amount int64, id
 		return algorithms.Decision{}, err
 	case len(v) == 1 && v[0] == -1:
 		return algorithms.Decision{}, errGranted
-	case len(v) != 6:
+	case len(v) != 7:
 		return algorithms.Decision{}, fmt.Errorf("%w: %v", errReply, v)
 	}
-	return decision(v), nil
+	return grantedDecision(v), nil
 }
 
 var _ storage.Granter = (*zone)(nil)
