@@ -323,7 +323,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 			if p == lz.z {
 				p = rate
 			}
-			d, ok, err := p.limiter.Peek(r.Context(), stored, lz.now())
+			d, granted, ok, err := storage.PeekGrant(r.Context(), p.limiter, stored, lz.now())
 			if err != nil {
 				return storeUnavailable(lz.z.name, err)
 			}
@@ -346,7 +346,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 			if p == rate {
 				st.Allowed, st.Remaining = d.Allowed, shownRemaining(d.Remaining)
 				st.Reset, st.Wait = float64(d.Reset)/microsPerSecond, float64(d.Wait)/microsPerSecond
-				st.Granted = float64(d.Granted) / algorithms.Milli
+				st.Granted = float64(granted) / algorithms.Milli
 			}
 		}
 		if held {
@@ -586,7 +586,7 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 		}
 		if !granted {
 			st = keyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: shownRemaining(d.Remaining),
-				Reset: float64(d.Reset) / microsPerSecond, Wait: float64(d.Wait) / microsPerSecond, Granted: float64(d.Granted) / algorithms.Milli}
+				Reset: float64(d.Reset) / microsPerSecond, Wait: float64(d.Wait) / microsPerSecond}
 			granted = true
 		}
 		if applied {

@@ -73,11 +73,9 @@ func TestShowTellsGrant(t *testing.T) {
 					if _, err := runCLI(t, "--address", testAdmin, "grant", zone, key, "3"); err != nil {
 						t.Fatalf("caddy rate-limit grant %s: %v", zone, err)
 					}
-					var out struct {
-						State keyState `json:"state"`
-					}
-					if code := adminPost(t, "/rate_limit/zones/"+zone+"/keys/"+key+"/grant", `{"amount": 0.5}`, &out); code != 200 || out.State.Granted != 3.5 {
-						t.Fatalf("zone %s: a second grant: %d %+v, want granted 3.5 in its state", zone, code, out)
+					shows(zone, "3")
+					if code := adminPost(t, "/rate_limit/zones/"+zone+"/keys/"+key+"/grant", `{"amount": 0.5}`, nil); code != 200 {
+						t.Fatalf("zone %s: a second grant: %d", zone, code)
 					}
 					shows(zone, "3.5")
 				}

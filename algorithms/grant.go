@@ -73,9 +73,7 @@ func (l *Limit) GrantIn(s *State, sp Span, now, amount int64) (Decision, error) 
 	default:
 		s.Head = g
 	}
-	d := l.decide(s, now, Milli, false, &sp)
-	d.Granted = g
-	return d, nil
+	return l.decide(s, now, Milli, false, &sp), nil
 }
 
 // Granted is the quota, in milli-units, granted to s's window at now (see

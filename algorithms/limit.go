@@ -293,10 +293,6 @@ type Decision struct {
 	// the latest time the state had seen). Undo needs it to find the
 	// window, log entries or debt a request was charged with.
 	At int64
-	// Granted is, in what Peek and Grant return, the quota in
-	// milli-units granted to the key's current window (see Granted); 0
-	// when none is, and in what Take returns.
-	Granted int64
 }
 
 // Take decides one request of cost milli-units at now and, if it is
@@ -308,13 +304,10 @@ func (l *Limit) Take(s *State, now, cost int64) Decision {
 	return l.decide(s, now, cost, true, nil)
 }
 
-// Peek reports what Take would decide for cost at now without charging it,
-// and the quota granted to the window that holds now (Decision.Granted).
+// Peek reports what Take would decide for cost at now without charging it.
 // It may bring s up to date with now, as Take does.
 func (l *Limit) Peek(s *State, now, cost int64) Decision {
-	d := l.decide(s, now, cost, false, nil)
-	d.Granted = l.granted(s)
-	return d
+	return l.decide(s, now, cost, false, nil)
 }
 
 // TakeIn is Take with the calendar window's bounds given: sp, computed on
@@ -333,9 +326,7 @@ func (l *Limit) PeekIn(s *State, sp Span, now, cost int64) (Decision, error) {
 	if !l.holds(s, sp, now) {
 		return Decision{}, ErrOutsideSpan
 	}
-	d := l.decide(s, now, cost, false, &sp)
-	d.Granted = l.granted(s)
-	return d, nil
+	return l.decide(s, now, cost, false, &sp), nil
 }
 
 // decide decides at now; sp is a calendar window's span, which holds has

@@ -26,8 +26,8 @@
 --
 -- and returns {allowed, remaining, reset, wait, delay, at} as integers,
 -- at being the now it decided at (held when the clock ran backwards); for
--- 'p' and 'g', the window algorithms add a seventh, granted: the quota
--- granted to the window (Decision.Granted), in milli-units.
+-- 'p', the window algorithms add a seventh, granted: the quota granted to
+-- the window in milli-units (Limit.Granted).
 -- Only 't', 'r', 'u' and 'o' write.
 
 -- Redis before 5 replicated scripts verbatim and refused writes after TIME.

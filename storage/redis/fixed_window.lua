@@ -50,7 +50,7 @@ local function fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, to
 	if never then
 		d[1], d[4] = 0, -1
 	end
-	if op == 'p' or op == 'g' then
+	if op == 'p' then
 		d[7] = grant
 	end
 	if write then

@@ -144,7 +144,7 @@ local function slidinglog(key, op, now, x, ta, _, w, n)
 	if never then
 		d[1], d[4] = 0, -1
 	end
-	if op == 'p' or op == 'g' then
+	if op == 'p' then
 		d[7] = gamt
 	end
 	if write or op == 'g' then

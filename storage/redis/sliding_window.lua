@@ -150,7 +150,7 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	if never then
 		d[1], d[4] = 0, -1
 	end
-	if op == 'p' or op == 'g' then
+	if op == 'p' then
 		d[7] = grant
 	end
 	if write or op == 'g' then
