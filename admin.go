@@ -272,6 +272,9 @@ type keyState struct {
 	Remaining int64   `json:"remaining"` // whole events available now
 	Reset     float64 `json:"reset"`     // seconds until the quota is whole again
 	Wait      float64 `json:"wait"`      // seconds until one event would be admitted
+	// Granted is the events granted to the key's current window (the
+	// window algorithms), grants added up; omitted when none is.
+	Granted float64 `json:"granted,omitempty"`
 
 	// Ban is the key's ban, in a zone with one.
 	Ban *banState `json:"ban,omitempty"`
@@ -320,7 +323,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 			if p == lz.z {
 				p = rate
 			}
-			d, ok, err := p.limiter.Peek(r.Context(), stored, lz.now())
+			d, granted, ok, err := storage.PeekGrant(r.Context(), p.limiter, stored, lz.now())
 			if err != nil {
 				return storeUnavailable(lz.z.name, err)
 			}
@@ -343,6 +346,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 			if p == rate {
 				st.Allowed, st.Remaining = d.Allowed, shownRemaining(d.Remaining)
 				st.Reset, st.Wait = float64(d.Reset)/microsPerSecond, float64(d.Wait)/microsPerSecond
+				st.Granted = float64(granted) / algorithms.Milli
 			}
 		}
 		if held {

@@ -39,7 +39,7 @@ type cliSubcommand struct {
 var cliSubcommands = []cliSubcommand{
 	{"zones", nil, "list the live zones: algorithm, limit, storage, keys",
 		"caddy rate-limit zones", (*cliRun).zones},
-	{"show", []string{"<zone>", "<key>"}, "show one key's state: remaining, reset, ban, tier (--tier for one tier's)",
+	{"show", []string{"<zone>", "<key>"}, "show one key's state: remaining, reset, grant, ban, tier (--tier for one tier's)",
 		"caddy rate-limit show api 'customer/42 eu'", (*cliRun).show},
 	{"reset", []string{"<zone>", "<key>"}, "reset a key: its next request finds a fresh state (--tier: that tier only)",
 		"caddy rate-limit reset api customer-42", (*cliRun).reset},
@@ -388,6 +388,9 @@ func (c *cliRun) show(args []string) error {
 		reset = "in " + formatSeconds(st.Reset)
 	}
 	fmt.Fprintf(tw, "reset\t%s\n", reset)
+	if st.Granted > 0 {
+		fmt.Fprintf(tw, "granted\t%s more events for the current window\n", strconv.FormatFloat(st.Granted, 'g', -1, 64))
+	}
 	if b := st.Ban; b != nil {
 		ban := fmt.Sprintf("no (%d strikes left)", b.StrikesLeft)
 		if b.Banned {

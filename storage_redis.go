@@ -716,6 +716,15 @@ func (l *redisLimiter) Peek(ctx context.Context, key string, now int64) (d algor
 	return d, ok, err
 }
 
+// PeekGrant is Peek with the key's grant (see storage.GrantPeeker).
+func (l *redisLimiter) PeekGrant(ctx context.Context, key string, now int64) (d algorithms.Decision, granted int64, ok bool, err error) {
+	err = l.rt.Call(ctx, func(c context.Context) error {
+		d, granted, ok, err = storage.PeekGrant(c, l.inner, key, now)
+		return err
+	})
+	return d, granted, ok, err
+}
+
 // Reset resets key on Redis. An error that wraps
 // redisstore.ErrNotAnnounced says the reset was applied.
 func (l *redisLimiter) Reset(ctx context.Context, key string, now int64) (ok bool, err error) {
@@ -950,5 +959,6 @@ var (
 	_ storage.Limiter       = (*redisLimiter)(nil)
 	_ storage.Granter       = (*redisLimiter)(nil)
 	_ storage.OnceGranter   = (*redisLimiter)(nil)
+	_ storage.GrantPeeker   = (*redisLimiter)(nil)
 	_ sharedLimiter         = (*redisLimiter)(nil)
 )

@@ -75,3 +75,32 @@ func (l *Limit) GrantIn(s *State, sp Span, now, amount int64) (Decision, error) 
 	}
 	return l.decide(s, now, Milli, false, &sp), nil
 }
+
+// Granted is the quota, in milli-units, granted to s's window at now (see
+// Grant): what the key's grants add up to while their window lasts, 0
+// once it has ended or the key was never granted. The bucket family takes
+// no grants: for it, as for the limits that are not rates, it is 0. It
+// reads s as Peek would bring it up to date with now, and changes
+// nothing.
+func (l *Limit) Granted(s *State, now int64) int64 {
+	switch {
+	case l.Kind == SlidingLog:
+		if s.Level > 0 {
+			now = max(now, s.entry(s.Level-1)) // as logNow holds the clock
+		}
+		if now >= s.At {
+			return 0
+		}
+	case l.Kind != FixedWindow && l.Kind != SlidingWindow:
+		return 0
+	case l.Calendar.Unit != NoUnit:
+		if max(now, s.At) >= s.Prev { // as rollPeriod
+			return 0
+		}
+	default:
+		if now = max(now, s.At); now-now%l.Window > s.At { // as roll
+			return 0
+		}
+	}
+	return l.granted(s)
+}

@@ -63,6 +63,24 @@ type Granter interface {
 	Grant(ctx context.Context, key string, now, amount int64) (algorithms.Decision, error)
 }
 
+// GrantPeeker is a Limiter that tells, beside what Peek reports, how
+// much of a key's state is granted quota: the memory and Redis stores.
+type GrantPeeker interface {
+	// PeekGrant is Peek, and granted the milli-units granted to key's
+	// current window (see algorithms.Limit.Granted), 0 when none is.
+	PeekGrant(ctx context.Context, key string, now int64) (d algorithms.Decision, granted int64, ok bool, err error)
+}
+
+// PeekGrant is l's PeekGrant, or for a Limiter that keeps no grants its
+// Peek, with granted 0.
+func PeekGrant(ctx context.Context, l Limiter, key string, now int64) (d algorithms.Decision, granted int64, ok bool, err error) {
+	if g, can := l.(GrantPeeker); can {
+		return g.PeekGrant(ctx, key, now)
+	}
+	d, ok, err = l.Peek(ctx, key, now)
+	return d, 0, ok, err
+}
+
 // OnceGranter is a Granter that applies a grant with an id at most once
 // per key and window (the Redis store: on every instance).
 type OnceGranter interface {

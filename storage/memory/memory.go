@@ -428,19 +428,26 @@ func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algor
 
 // Peek reports the decision one event for key would get at now, charging
 // nothing. ok is false for a key the store does not hold.
-func (s *Store) Peek(_ context.Context, key string, now int64) (algorithms.Decision, bool, error) {
+func (s *Store) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
+	d, _, ok, err := s.PeekGrant(ctx, key, now)
+	return d, ok, err
+}
+
+// PeekGrant is Peek, and granted the milli-units granted to key's current
+// window (see algorithms.Limit.Granted).
+func (s *Store) PeekGrant(_ context.Context, key string, now int64) (d algorithms.Decision, granted int64, ok bool, err error) {
 	now = s.at(now)
 	h, tag, sh := s.locate(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i := sh.find(h, tag)
 	if i < 0 {
-		return algorithms.Decision{}, false, nil
+		return d, 0, false, nil
 	}
 	st := sh.state(i)
-	d := s.limit.Peek(&st, now, algorithms.Milli)
+	d = s.limit.Peek(&st, now, algorithms.Milli)
 	sh.setState(i, &st)
-	return d, true, nil
+	return d, s.limit.Granted(&st, d.At), true, nil
 }
 
 // Reset forgets key at now. ok is false for a key the store did not hold.
@@ -509,4 +516,7 @@ func (s *Store) remove(sh *shard, i int) {
 	s.keys.Add(-1)
 }
 
-var _ storage.Granter = (*Store)(nil)
+var (
+	_ storage.Granter     = (*Store)(nil)
+	_ storage.GrantPeeker = (*Store)(nil)
+)

@@ -357,3 +357,39 @@ func TestConcurrencyKeysAreNeverEvicted(t *testing.T) {
 	}
 	checkConsistent(t, s)
 }
+
+// TestPeekTellsGrant: the store's PeekGrant tells the quota granted to a
+// key's window, for each window algorithm, until the window ends or a
+// reset forgets the key.
+func TestPeekTellsGrant(t *testing.T) {
+	ctx := context.Background()
+	for _, kind := range []algorithms.Kind{algorithms.FixedWindow, algorithms.SlidingWindow, algorithms.SlidingLog} {
+		t.Run(kind.String(), func(t *testing.T) {
+			s := newStore(t, kind, 2, time.Minute, 0)
+			now := 60 * sec * 1_000_000 // a window's start
+			take(t, s, "a", now)
+			if _, err := s.Grant(ctx, "a", now, 2000); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Grant(ctx, "a", now, 500); err != nil {
+				t.Fatal(err)
+			}
+			if d, g, ok, _ := s.PeekGrant(ctx, "a", now+59*sec); !ok || g != 2500 || d.Remaining != 3 {
+				t.Fatalf("PeekGrant(a) in the granted window = %+v, %d (held %v), want 3 remaining, 2500 granted", d, g, ok)
+			}
+			if _, g, _, _ := s.PeekGrant(ctx, "a", now+60*sec); g != 0 {
+				t.Fatalf("PeekGrant(a) after the window: granted %d, want 0", g)
+			}
+			if _, err := s.Grant(ctx, "a", now+60*sec, 1000); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := s.Reset(ctx, "a", now+60*sec); !ok || err != nil {
+				t.Fatalf("Reset(a) = %v, %v", ok, err)
+			}
+			take(t, s, "a", now+60*sec)
+			if _, g, _, _ := s.PeekGrant(ctx, "a", now+60*sec); g != 0 {
+				t.Fatalf("PeekGrant(a) after a reset: granted %d, want 0", g)
+			}
+		})
+	}
+}

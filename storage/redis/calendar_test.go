@@ -106,13 +106,21 @@ func runCalendarParity(t *testing.T, zl storage.Limiter, l algorithms.Limit, ste
 			l.Undo(&state, st.now, st.cost, taken)
 			err = zl.Undo(ctx, key, st.now, st.cost, taken)
 		case peek:
+			// PeekGrant's grant as well: the Lua's and Limit.Granted's.
 			c := copyState(state)
 			want = l.Peek(&c, st.now, algorithms.Milli)
-			got, ok, err = zl.Peek(ctx, key, st.now)
+			var granted int64
+			got, granted, ok, err = zl.(storage.GrantPeeker).PeekGrant(ctx, key, st.now)
 			if err == nil && !ok {
 				n.absent++
 				var fresh algorithms.State
 				got = l.Peek(&fresh, st.now, algorithms.Milli)
+			}
+			if g := l.Granted(&state, st.now); err == nil && granted != g {
+				t.Fatalf("step %d: %c at %d: granted %d, want %d (Go)", i, st.op, st.now, granted, g)
+			}
+			if granted > 0 {
+				n.granted++
 			}
 		case grant:
 			want, _ = l.Grant(&state, st.now, st.cost)
@@ -138,7 +146,8 @@ func runCalendarParity(t *testing.T, zl storage.Limiter, l algorithms.Limit, ste
 // DST change) over a year and more (a 29th of February) through the Go
 // algorithm and its Lua twin, with grants, and the window algorithms'
 // grants on epoch windows too (fixed_window, sliding_window and
-// sliding_log); through EVALSHA and FCALL.
+// sliding_log); through EVALSHA and FCALL. A peek tells the grant
+// (PeekGrant) that Limit.Granted tells.
 func TestCalendarParity(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, mode := range []string{"evalsha", "fcall"} {
@@ -161,6 +170,9 @@ func TestCalendarParity(t *testing.T) {
 					zname := fmt.Sprintf("%s-%s-%s", mode, name, l.Calendar)
 					n := runCalendarParity(t, zoneOf(s, zname, l), l, boundarySteps(rng, &l, from, c.to))
 					t.Logf("%s: %+v", zname, n)
+					if n.granted == 0 {
+						t.Errorf("%s: no peek told a grant", zname)
+					}
 				}
 			}
 			for _, l := range []algorithms.Limit{
@@ -175,6 +187,9 @@ func TestCalendarParity(t *testing.T) {
 				zname := fmt.Sprintf("%s-grant-%s-%d", mode, l.Kind, l.Window)
 				n := runCalendarParity(t, zoneOf(s, zname, l), l, boundarySteps(rng, &l, epoch, epoch+300*l.Window))
 				t.Logf("%s: %+v", zname, n)
+				if n.granted == 0 {
+					t.Errorf("%s: no peek told a grant", zname)
+				}
 			}
 		})
 	}

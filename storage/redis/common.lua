@@ -25,7 +25,9 @@
 -- c1, c2, c3, c4: the algorithm's constants (unused ones are 0)
 --
 -- and returns {allowed, remaining, reset, wait, delay, at} as integers,
--- at being the now it decided at (held when the clock ran backwards).
+-- at being the now it decided at (held when the clock ran backwards); for
+-- 'p', the window algorithms add a seventh, granted: the quota granted to
+-- the window in milli-units (Limit.Granted).
 -- Only 't', 'r', 'u' and 'o' write.
 
 -- Redis before 5 replicated scripts verbatim and refused writes after TIME.

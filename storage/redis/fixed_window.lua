@@ -50,6 +50,9 @@ local function fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, to
 	if never then
 		d[1], d[4] = 0, -1
 	end
+	if op == 'p' then
+		d[7] = grant
+	end
 	if write then
 		if grant ~= g0 then
 			save(key, fresh(), now - raw, 'at', at, 'level', level, 'grant', grant, ...)

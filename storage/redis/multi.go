@@ -200,7 +200,7 @@ func (s *Store) takeAll(ctx context.Context, now int64, parts []part) (ds []algo
 		if p.op == opCheckNever {
 			op = opReject
 		}
-		d, _, err := p.z.runKey(ctx, op, p.key, now, p.x, algorithms.Decision{})
+		d, err := p.z.runKey(ctx, op, p.key, now, p.x, algorithms.Decision{})
 		if err != nil {
 			return nil, -1, fmt.Errorf("redis store: take %q: %w", p.z.name, err)
 		}

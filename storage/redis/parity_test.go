@@ -208,8 +208,8 @@ func parityTraces(t *testing.T) []trace {
 }
 
 // tally counts the kinds of decisions a trace made, to show that it
-// covers them.
-type tally struct{ allowed, delayed, rejected, never, absent int }
+// covers them; granted counts the peeks that told a grant.
+type tally struct{ allowed, delayed, rejected, never, absent, granted int }
 
 // runParity runs steps through l in Go and through the zone's script, and
 // reports the first step where they differ.

@@ -33,7 +33,7 @@ func (z *zone) Settle(ctx context.Context, key string, now, reserved, actual int
 	// With the key's reset mark: a key reset since taken settles nothing
 	// (see single.lua).
 	rkey := z.store.key(key, z.tail)
-	if _, _, err := z.runKeys(ctx, op, rkey, true, now, x, taken); err != nil {
+	if _, err := z.runKeys(ctx, op, rkey, true, now, x, taken); err != nil {
 		return fmt.Errorf("redis store: settle %q: %w", z.name, err)
 	}
 	if op == opUndo {

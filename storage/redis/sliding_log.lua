@@ -144,6 +144,9 @@ local function slidinglog(key, op, now, x, ta, _, w, n)
 	if never then
 		d[1], d[4] = 0, -1
 	end
+	if op == 'p' then
+		d[7] = gamt
+	end
 	if write or op == 'g' then
 		-- Expired entries go, and the grant's two numbers with them when
 		-- they are ahead of those or have changed; a grant that lasts is

@@ -150,6 +150,9 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	if never then
 		d[1], d[4] = 0, -1
 	end
+	if op == 'p' then
+		d[7] = grant
+	end
 	if write or op == 'g' then
 		persist()
 	end

@@ -103,7 +103,7 @@ func (z *zone) Take(ctx context.Context, key string, now, cost int64) (algorithm
 	if cost > z.limit.Capacity() {
 		op, x = opReject, 0
 	}
-	d, _, err := z.run(ctx, op, key, now, x, algorithms.Decision{})
+	d, err := z.run(ctx, op, key, now, x, algorithms.Decision{})
 	if err != nil {
 		return algorithms.Decision{}, fmt.Errorf("redis store: take %q: %w", z.name, err)
 	}
@@ -117,7 +117,7 @@ func (z *zone) Take(ctx context.Context, key string, now, cost int64) (algorithm
 // charge back.
 func (z *zone) Undo(ctx context.Context, key string, now, cost int64, taken algorithms.Decision) error {
 	rkey := z.store.key(key, z.tail)
-	if _, _, err := z.runKeys(ctx, opUndo, rkey, true, now, undoAmount(&z.limit, cost), taken); err != nil {
+	if _, err := z.runKeys(ctx, opUndo, rkey, true, now, undoAmount(&z.limit, cost), taken); err != nil {
 		return fmt.Errorf("redis store: undo %q: %w", z.name, err)
 	}
 	z.store.gaveBack(rkey)
@@ -136,6 +136,14 @@ func (s *Store) gaveBack(rkey string) {
 // and writing nothing. ok is false for a key Redis does not hold (never
 // taken, expired or reset).
 func (z *zone) Peek(ctx context.Context, key string, now int64) (algorithms.Decision, bool, error) {
+	d, _, ok, err := z.PeekGrant(ctx, key, now)
+	return d, ok, err
+}
+
+// PeekGrant is Peek, and granted the milli-units granted to key's current
+// window (see algorithms.Limit.Granted), which the window algorithms'
+// peek returns after the decision.
+func (z *zone) PeekGrant(ctx context.Context, key string, now int64) (d algorithms.Decision, granted int64, ok bool, err error) {
 	// One event is above the capacity only of a limit NewLimit refuses,
 	// but decide as Limit.Peek would even then.
 	over := algorithms.Milli > z.limit.Capacity()
@@ -143,15 +151,29 @@ func (z *zone) Peek(ctx context.Context, key string, now int64) (algorithms.Deci
 	if over {
 		x = 0
 	}
-	d, ok, err := z.run(ctx, opPeek, key, now, x, algorithms.Decision{})
+	v, err := z.reply(ctx, opPeek, z.store.key(key, z.tail), false, now, x, algorithms.Decision{})
+	switch {
+	case err != nil:
+	case len(v) == 0:
+		return d, 0, false, nil
+	case len(v) == 7:
+		granted = v[6]
+		fallthrough
+	case len(v) == 6:
+		d = decision(v)
+	default:
+		err = fmt.Errorf("%w: %v", errReply, v)
+	}
 	if err != nil {
-		return algorithms.Decision{}, false, fmt.Errorf("redis store: peek %q: %w", z.name, err)
+		return algorithms.Decision{}, 0, false, fmt.Errorf("redis store: peek %q: %w", z.name, err)
 	}
 	if over {
 		d.Allowed, d.Wait, d.Delay = false, algorithms.Never, 0
 	}
-	return d, ok, nil
+	return d, granted, true, nil
 }
+
+var _ storage.GrantPeeker = (*zone)(nil)
 
 // Reset deletes key's state by the Redis server's clock (now is ignored),
 // and marks when it did (see single.lua), so that a charge made before
@@ -210,25 +232,40 @@ func (s *Store) announce(ctx context.Context, rkey string, grant int64) error {
 }
 
 // run runs the zone's one-key script (single.lua) for op with x (and, for
-// an undo, the decision taken). ok is false when the script reports a key
-// that does not exist (peek only).
-func (z *zone) run(ctx context.Context, op, key string, now, x int64, taken algorithms.Decision) (d algorithms.Decision, ok bool, err error) {
+// an undo, the decision taken): a take, reject, undo, renew, owe or grant
+// (a peek's reply is PeekGrant's to read).
+func (z *zone) run(ctx context.Context, op, key string, now, x int64, taken algorithms.Decision) (algorithms.Decision, error) {
 	return z.runKey(ctx, op, z.store.key(key, z.tail), now, x, taken)
 }
 
 // runKey is run on the Redis key rkey (z.store.key of the resolved key).
-func (z *zone) runKey(ctx context.Context, op, rkey string, now, x int64, taken algorithms.Decision) (d algorithms.Decision, ok bool, err error) {
+func (z *zone) runKey(ctx context.Context, op, rkey string, now, x int64, taken algorithms.Decision) (algorithms.Decision, error) {
 	return z.runKeys(ctx, op, rkey, false, now, x, taken)
 }
 
 // runKeys is runKey, with the key's reset mark (resetMark) as a second
 // key if marked: what an undo reads.
-func (z *zone) runKeys(ctx context.Context, op, rkey string, marked bool, now, x int64, taken algorithms.Decision) (d algorithms.Decision, ok bool, err error) {
+func (z *zone) runKeys(ctx context.Context, op, rkey string, marked bool, now, x int64, taken algorithms.Decision) (algorithms.Decision, error) {
+	v, err := z.reply(ctx, op, rkey, marked, now, x, taken)
+	switch {
+	case err != nil:
+		return algorithms.Decision{}, err
+	case len(v) == 6:
+		return decision(v), nil
+	case len(v) == 0 && (op == opUndo || op == opRenew || op == opOwe):
+		return algorithms.Decision{}, nil
+	}
+	return algorithms.Decision{}, fmt.Errorf("%w: %v", errReply, v)
+}
+
+// reply runs the zone's script as runKeys does and returns its reply as
+// it is.
+func (z *zone) reply(ctx context.Context, op, rkey string, marked bool, now, x int64, taken algorithms.Decision) ([]int64, error) {
 	if z.script == nil {
-		return d, false, fmt.Errorf("unknown algorithm %s", z.limit.Kind)
+		return nil, fmt.Errorf("unknown algorithm %s", z.limit.Kind)
 	}
 	if err := ctx.Err(); err != nil {
-		return d, false, err
+		return nil, err
 	}
 	var c *call
 	if marked {
@@ -240,19 +277,7 @@ func (z *zone) runKeys(ctx context.Context, op, rkey string, marked bool, now, x
 	}
 	c.args = append(c.args, word(op), z.store.clock(now), z.store.ttlSlack, z.arg(x), taken.At, taken.Reset)
 	c.args = append(c.args, z.constsAt(now)...)
-	v, err := z.store.run.run(ctx, c)
-	if err != nil {
-		return d, false, err
-	}
-	switch {
-	case len(v) == 6:
-		return decision(v), true, nil
-	case len(v) == 0 && op == opPeek:
-		return d, false, nil
-	case len(v) == 0 && (op == opUndo || op == opRenew || op == opOwe):
-		return d, true, nil
-	}
-	return d, false, fmt.Errorf("%w: %v", errReply, v)
+	return z.store.run.run(ctx, c)
 }
 
 // resetMark is the Redis key that marks when the key rkey was last reset
@@ -275,7 +300,7 @@ func (z *zone) Renew(ctx context.Context, key string, now int64, taken algorithm
 	if z.limit.Kind != algorithms.Concurrency {
 		return fmt.Errorf("redis store: renew %q: not a concurrency limit", z.name)
 	}
-	if _, _, err := z.run(ctx, opRenew, key, now, 0, taken); err != nil {
+	if _, err := z.run(ctx, opRenew, key, now, 0, taken); err != nil {
 		return fmt.Errorf("redis store: renew %q: %w", z.name, err)
 	}
 	return nil
@@ -304,7 +329,7 @@ func (z *zone) GrantOnce(ctx context.Context, key string, now, amount int64, id 
 	amount = min(max(amount, 0), z.limit.GrantCap())
 	rkey := z.store.key(key, z.tail)
 	if id == "" {
-		d, _, err = z.runKey(ctx, opGrant, rkey, now, amount, algorithms.Decision{})
+		d, err = z.runKey(ctx, opGrant, rkey, now, amount, algorithms.Decision{})
 	} else {
 		d, err = z.grantOnce(ctx, rkey, now, amount, id)
 	}
