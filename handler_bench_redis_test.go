@@ -13,8 +13,8 @@ import (
 // BenchmarkServeHTTPRedis is BenchmarkServeHTTP's allowed request on a
 // Redis zone (a redis-server started for it): the handler's path around
 // one decision on Redis, serial and from parallel callers (which share
-// pipelines), with on_storage_error local (the copy follows each
-// decision) and allow (no copy).
+// pipelines), with on_storage_error local (the local copy follows each
+// decision) and allow (no local copy).
 func BenchmarkServeHTTPRedis(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, onError := range []string{"local", "allow"} {

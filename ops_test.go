@@ -888,30 +888,6 @@ func TestLogsAndStoreErrors(t *testing.T) {
 	}
 }
 
-func TestLogThrottle(t *testing.T) {
-	const sec = microsPerSecond
-	var th logThrottle
-	for i, step := range []struct {
-		now        int64
-		ok         bool
-		suppressed int64
-	}{
-		{0, true, 0},
-		{1, false, 0},
-		{5 * sec, false, 0},
-		{10*sec - 1, false, 0},
-		{10 * sec, true, 3},
-		{10 * sec, false, 0},
-		{30 * sec, true, 1},
-		{31 * sec, false, 0},
-	} {
-		suppressed, ok := th.allow(step.now, 10*sec)
-		if ok != step.ok || suppressed != step.suppressed {
-			t.Errorf("step %d: allow(%d) = %d, %v, want %d, %v", i, step.now, suppressed, ok, step.suppressed, step.ok)
-		}
-	}
-}
-
 // TestHandleErrorsJSONBody runs the JSON error body of docs/operations.md.
 func TestHandleErrorsJSONBody(t *testing.T) {
 	tester := caddytest.NewTester(t)
