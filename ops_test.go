@@ -625,7 +625,7 @@ func TestAdminAPI(t *testing.T) {
 		{"alice", "adm", "alice", 200, keyState{Zone: "adm", Key: "alice", Allowed: true, Remaining: 1, Reset: 2400}},
 		{"long key, hashed as stored", "adm", long, 200, keyState{Zone: "adm", Key: storage.BoundKey(long), Allowed: true, Remaining: 2, Reset: 1200}},
 		{"escaped slash and space", "adm", "a/b c", 200, keyState{Zone: "adm", Key: "a/b c", Allowed: true, Remaining: 2, Reset: 1200}},
-		{"client IP grouped by prefix", "adm_net", ip, 200, keyState{Zone: "adm_net", Key: maskIP(ip, 24, 64), Allowed: true, Remaining: 2, Reset: 1200}},
+		{"client IP grouped by prefix", "adm_net", ip, 200, keyState{Zone: "adm_net", Key: storage.MaskIP(ip, 24, 64), Allowed: true, Remaining: 2, Reset: 1200}},
 		{"unknown key", "adm", "nobody", 404, keyState{Error: `zone "adm" holds no key "nobody"`}},
 		{"unknown zone", "nozone", "alice", 404, keyState{Error: `unknown zone "nozone"`}},
 	} {

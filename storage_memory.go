@@ -117,6 +117,13 @@ func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// warnMemoryBound logs memory.BoundWarning for a zone on the memory store.
+func (h *Handler) warnMemoryBound(z storage.Zone) {
+	if msg := memory.BoundWarning(z); msg != "" {
+		h.logger.Warn(msg)
+	}
+}
+
 // Interface guards.
 var (
 	_ Backend               = (*MemoryStorage)(nil)
