@@ -24,7 +24,7 @@ func BenchmarkServeHTTPRedis(b *testing.B) {
 				name += "/parallel"
 			}
 			b.Run(name, func(b *testing.B) {
-				z := Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), OnStorageError: onError}
+				z := Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), OnStorageError: onError}
 				h := &Handler{RateLimits: map[string]*Zone{"bench": &z}, Headers: []string{"none"},
 					StorageRaw: json.RawMessage(`{"module": "redis", "addresses": ["` + srv.Addr + `"], "timeout": "10s"}`)}
 				provisionBench(b, h)

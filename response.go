@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // Limits on what the response says (count_response, cost_response): the
@@ -184,21 +185,9 @@ func (h *Handler) settle(r *http.Request, results []result, tap *responseTap, st
 	} else if tap.keep {
 		costRepl = writtenHeaders(repl, header)
 	}
-	ctx := context.WithoutCancel(r.Context())
-	now := h.now()
-	for i := range results {
-		res := &results[i]
-		if !res.Settles() {
-			continue
-		}
-		actual := res.Z.base.response.actual(res.Cost, status, header, costRepl)
-		if actual == res.Cost {
-			continue
-		}
-		if err := res.Settle(ctx, now, actual); err != nil {
-			h.logStoreError(res.Z, err)
-		}
-	}
+	shared.Settle(context.WithoutCancel(r.Context()), h.now(), results, func(z *zone, reserved int64) int64 {
+		return z.base.response.actual(reserved, status, header, costRepl)
+	}, h.logStoreError)
 }
 
 // actual is the settled cost of a request that reserved cost and ended with

@@ -149,7 +149,7 @@ func (s *Store[Z]) takeAll(ctx context.Context, now int64, parts []Part[Z]) (rej
 		p := &parts[i]
 		lim, ok := p.Zone.Limiter.(*Limiter)
 		if !ok {
-			return -1, fmt.Errorf("part %d (key %q) is not on this Redis storage", i, p.Key)
+			return -1, fmt.Errorf("part %d of the request is not on this Redis storage", i)
 		}
 		reqs = append(reqs, redisstore.Request{Zone: lim.inner, Key: p.Key, Cost: p.Cost, DryRun: p.Zone.DryRun, Strike: p.Strike})
 		settling = settling || p.Zone.Settles
@@ -199,6 +199,29 @@ func Settles[Z any](parts []Part[Z]) bool {
 		}
 	}
 	return false
+}
+
+// Settle settles, at now, each of parts that settles (see Part.Settles)
+// to the cost actual finds for it (from its zone and reserved cost), once
+// its response is complete: a part whose actual cost is its reservation
+// has nothing to settle. failed is told of each settlement that failed
+// and was not kept. actual and failed are given values, not the parts:
+// a pointer into parts passed to a function value would make the parts,
+// on the handler's stack, escape to the heap.
+func Settle[Z any](ctx context.Context, now int64, parts []Part[Z], actual func(z Z, reserved int64) int64, failed func(z Z, err error)) {
+	for i := range parts {
+		p := &parts[i]
+		if !p.Settles() {
+			continue
+		}
+		a := actual(p.Z, p.Cost)
+		if a == p.Cost {
+			continue
+		}
+		if err := p.Settle(ctx, now, a); err != nil {
+			failed(p.Z, err)
+		}
+	}
 }
 
 // Settle settles p, which reserved p.Cost, to actual on the limiter that
