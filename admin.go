@@ -1,7 +1,6 @@
 package tollgate
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"net/url"
 	"reflect"
 	"strings"
-	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -17,6 +15,7 @@ import (
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 func init() {
@@ -192,7 +191,7 @@ func listZones() []zoneInfo {
 		members [][]liveZone
 	)
 	for _, lz := range liveZones() {
-		g := group{lz.z.spec, lz.backend, lz.z.dryRun, ""}
+		g := group{lz.z.spec, lz.backend, lz.z.DryRun, ""}
 		for _, p := range lz.z.all {
 			if p != lz.z {
 				g.guards += fmt.Sprintf("%d:%s:%+v;", p.role, p.tier, p.spec.Limit)
@@ -251,9 +250,9 @@ next:
 		if lz.z.name != name {
 			continue
 		}
-		if reflect.TypeOf(lz.z.limiter).Comparable() {
+		if reflect.TypeOf(lz.z.Limiter).Comparable() {
 			for _, x := range zs {
-				if x.z.limiter == lz.z.limiter {
+				if x.z.Limiter == lz.z.Limiter {
 					continue next
 				}
 			}
@@ -323,7 +322,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 			if p == lz.z {
 				p = rate
 			}
-			d, granted, ok, err := storage.PeekGrant(r.Context(), p.limiter, stored, lz.now())
+			d, granted, ok, err := storage.PeekGrant(r.Context(), p.Limiter, stored, lz.now())
 			if err != nil {
 				return storeUnavailable(lz.z.name, err)
 			}
@@ -379,15 +378,7 @@ func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string,
 			if banOnly && p.role != roleBan {
 				continue
 			}
-			if p.role == roleSlots {
-				_, ok, err := p.limiter.Peek(r.Context(), stored, lz.now())
-				if err != nil {
-					return storeUnavailable(lz.z.name, err)
-				}
-				found = found || ok
-				continue
-			}
-			ok, err := p.limiter.Reset(r.Context(), stored, lz.now())
+			ok, err := p.Reset(r.Context(), stored, lz.now())
 			if errors.Is(err, redisstore.ErrNotAnnounced) {
 				// Applied: the missed notice is a warning.
 				lz.h.logger.Warn("rate limit reset applied, but not announced to the other instances", zap.String("zone", lz.z.name), zap.Error(err))
@@ -397,11 +388,6 @@ func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string,
 				return storeUnavailable(lz.z.name, err)
 			}
 			found = found || ok
-			if p.local != nil { // on_storage_error local's fallback state
-				if ok, err := p.local.Reset(r.Context(), stored, lz.now()); err == nil && ok {
-					found = true
-				}
-			}
 		}
 	}
 	if banOnly {
@@ -469,55 +455,6 @@ func grantID(r *http.Request, body string) (string, error) {
 	return id, nil
 }
 
-// grantIDs remembers the ids of the grants applied to stores that keep no
-// ids themselves (memory), each until its key's window has ended: an id
-// is applied once per store, key and window.
-var grantIDs = struct {
-	sync.Mutex
-	m map[string]int64 // scope, key and id -> until (monotonic µs)
-}{m: map[string]int64{}}
-
-// grantOnce grants amount to key in rate once for id (none if ""): on a
-// store that keeps ids (Redis), in its script; on another, once per
-// process in grantIDs.
-func grantOnce(ctx context.Context, rate *zone, scope any, key string, now, amount int64, id string) (d algorithms.Decision, applied bool, err error) {
-	if g, ok := rate.limiter.(storage.OnceGranter); ok {
-		return g.GrantOnce(ctx, key, now, amount, id)
-	}
-	g, ok := rate.limiter.(storage.Granter)
-	if !ok {
-		return d, false, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q: its store keeps no grants", rate.name)}
-	}
-	if id == "" {
-		d, err = g.Grant(ctx, key, now, amount)
-		return d, err == nil, err
-	}
-	name := fmt.Sprintf("%p %q %q", scope, key, id)
-	mono := monotonicMicros()
-	grantIDs.Lock()
-	defer grantIDs.Unlock()
-	if until, ok := grantIDs.m[name]; ok && mono < until {
-		d, _, err = rate.limiter.Peek(ctx, key, now)
-		return d, false, err
-	}
-	if len(grantIDs.m) >= maxGrantIDs {
-		for k, until := range grantIDs.m {
-			if mono >= until {
-				delete(grantIDs.m, k)
-			}
-		}
-	}
-	if d, err = g.Grant(ctx, key, now, amount); err != nil {
-		return d, false, err
-	}
-	grantIDs.m[name] = mono + storage.Horizon(&rate.spec.Limit)
-	return d, true, nil
-}
-
-// maxGrantIDs is how many ids grantIDs keeps before it drops those whose
-// window has ended.
-const maxGrantIDs = 10_000
-
 // grantKey gives the key amount events more for its current window, in
 // the zone's rate (or ?tier='s), in every store of the zone once: a
 // memory store per distinct store, Redis once per server and zone. It
@@ -557,21 +494,20 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 		if c := rate.spec.Limit.GrantCap(); amount > c {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("grant: zone %q is %s: a key's grants add up to at most %d events, got %v", lz.z.name, rate.spec.Limit.Kind, c/algorithms.Milli, req.Amount)}
 		}
-		scope := grantScope(rate)
+		scope := shared.GrantScope(rate.Limiter)
 		stored := lz.z.storedKey(key)
 		if d, ok := done[scope]; ok {
 			// Granted through another handler's client: this one learns
 			// it now, not when the message arrives.
-			if l, ok := rate.limiter.(sharedLimiter); ok && !repeated {
-				l.grantedElsewhere(stored, lz.now(), amount, d)
+			if !repeated {
+				shared.GrantedElsewhere(rate.Limiter, stored, lz.now(), amount, d)
 			}
 			continue
 		}
-		d, applied, err := grantOnce(r.Context(), rate, scope, stored, lz.now(), amount, id)
-		var apiErr caddy.APIError
+		d, applied, err := shared.GrantOnce(r.Context(), rate.Limiter, &rate.spec.Limit, scope, stored, lz.now(), amount, id)
 		switch {
-		case errors.As(err, &apiErr):
-			return err
+		case errors.Is(err, shared.ErrNoGrants):
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("zone %q: %w", rate.name, err)}
 		case errors.Is(err, redisstore.ErrNotAnnounced):
 			// Applied: the answer says so; the missed notice is a
 			// warning (other instances learn it within a second, or at
@@ -617,26 +553,6 @@ func grantUnavailable(zone, id string, err error) error {
 	}
 	return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable,
 		Err: fmt.Errorf("zone %q: store unavailable: the grant is not known to be applied (%w): %s", zone, err, again)}
-}
-
-// grantScope identifies where a part's grants are kept, so that a grant
-// to a zone defined by several handlers is made once per store: its
-// memory store, or its Redis keys, which are the same from every handler
-// whose client reaches the same keys (see redisKeysOf), whatever its
-// pool size or timeout, for the same zone name and algorithm.
-func grantScope(p *zone) any {
-	if l, ok := p.limiter.(sharedLimiter); ok {
-		return l.grantScope()
-	}
-	return p.limiter
-}
-
-// sharedLimiter is a limiter on a store that several handlers' clients
-// may reach (Redis): a grant is made once per scope, and the limiters of
-// the same scope in this process learn it from grantedElsewhere.
-type sharedLimiter interface {
-	grantScope() string
-	grantedElsewhere(key string, now, amount int64, d algorithms.Decision)
 }
 
 // Interface guards.

@@ -24,6 +24,7 @@ import (
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // upstream is a backend that holds each request until released (or until
@@ -772,7 +773,7 @@ func TestReloadKeepsSlotsInFlight(t *testing.T) {
 			}
 			tester.InitServer(reloadSite(up.URL, c.zone, storage, extra), "caddyfile")
 			key := "reload-" + c.name
-			var old *pooledRedis
+			var old *shared.Pool
 			if c.redis {
 				old = liveRedisClient(t)
 			}
@@ -807,7 +808,7 @@ func TestReloadKeepsSlotsInFlight(t *testing.T) {
 			waitFor(t, "every slot back", func() bool { return inFlight(t, "dl", key) == 0 })
 			if c.redis {
 				waitFor(t, "the old client closed once its last lease ended", func() bool {
-					return old.client.Ping(context.Background()).Err() != nil
+					return old.Client().Ping(context.Background()).Err() != nil
 				})
 			}
 			for i := range 2 {
@@ -830,7 +831,7 @@ func TestReloadKeepsSlotsInFlight(t *testing.T) {
 }
 
 // liveRedisClient is the Redis client of the live handler (there is one).
-func liveRedisClient(t *testing.T) *pooledRedis {
+func liveRedisClient(t *testing.T) *shared.Pool {
 	t.Helper()
 	live.mu.Lock()
 	defer live.mu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // eventExceeded is the Caddy event emitted on every rejection, and on
@@ -43,7 +44,7 @@ type emitter struct {
 	ctx     caddy.Context // the handler's: the event's origin module
 	queue   chan exceeded
 	dropped atomic.Int64
-	dropLog logThrottle
+	dropLog shared.LogThrottle
 	logger  *zap.Logger
 	now     func() int64
 
@@ -160,10 +161,10 @@ func (h *Handler) emit(r *http.Request, event string, res *result, dryRun bool) 
 	if e == nil || !e.wants(event) {
 		return
 	}
-	ev := exceeded{event: event, zone: res.z.name, wait: res.d.Wait, dryRun: dryRun}
+	ev := exceeded{event: event, zone: res.Z.name, wait: res.D.Wait, dryRun: dryRun}
 	ev.clientIP, _ = caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
 	if h.LogKey {
-		ev.key = res.key
+		ev.key = res.Key
 	}
 	select {
 	case e.queue <- ev:
@@ -209,11 +210,11 @@ func (e *emitter) run(stop <-chan struct{}) {
 }
 
 // emit hands one event to the events app, and logs the events dropped
-// since the last line, at most once per logThrottleInterval.
+// since the last line, at most once per shared.LogInterval.
 func (e *emitter) emit(ev exceeded) {
 	e.app.Emit(e.ctx, ev.event, ev.data())
 	if n := e.dropped.Load(); n > 0 {
-		if _, ok := e.dropLog.allow(e.now(), logThrottleInterval); ok {
+		if _, ok := e.dropLog.Allow(e.now(), shared.LogInterval); ok {
 			e.dropped.Add(-n)
 			e.logger.Warn("rate_limit events dropped: event subscribers are too slow",
 				zap.Int64("dropped", n))

@@ -152,8 +152,8 @@ func TestGrantRetriedAfterStall(t *testing.T) {
 // TestLocalCopyFollowsGrant: with on_storage_error local, a spent key
 // (3 a day) granted 5 that used 3 of it through Redis gets 2 more from
 // the local copy while Redis is frozen, and one granted 5 that used 1
-// gets 4: the copy follows the grant as it follows any decision. Before,
-// the copy took the grant as a reset with extra room and admitted 5 to
+// gets 4: the local copy follows the grant as it follows any decision. Before,
+// the local copy took the grant as a reset with extra room and admitted 5 to
 // both.
 func TestLocalCopyFollowsGrant(t *testing.T) {
 	srv := redistest.Start(t)

@@ -13,53 +13,29 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
-	"github.com/caddy-tollgate/tollgate/storage"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
-// The clock: µs since the Unix epoch, read from the wall clock once at
-// start and advanced by the monotonic clock, so that it never runs
-// backwards for the memory store when the wall clock is stepped.
-var (
-	clockBase       = time.Now()
-	clockBaseMicros = clockBase.UnixMicro()
-)
-
-func monotonicMicros() int64 {
-	return clockBaseMicros + time.Since(clockBase).Microseconds()
-}
+// monotonicMicros is the process's clock: µs since the Unix epoch,
+// monotonic (see shared.Micros).
+func monotonicMicros() int64 { return shared.Micros() }
 
 // clock is what handlers provisioned from now on read the time with; tests
 // replace it with a fake.
 var clock = monotonicMicros
 
-// result is one applied zone's decision for a request.
-type result struct {
-	z       *zone
-	key     string
-	cost    int64
-	d       algorithms.Decision
-	limiter storage.Limiter // the limiter that decided (remote or local)
-	strike  int             // 1 + the index of the zone's ban part in the request's results, or 0
-}
+// result is one applied zone part's decision for a request: the store
+// runtime's Part, carrying the handler's zone.
+type result = shared.Part[*zone]
 
-// charged reports whether the decision took quota that must be given back
-// if the request does not go ahead. A concurrency slot is given back
-// when the request ends (slotHold), whichever way it ends.
-func (r *result) charged() bool {
-	return r.d.Allowed && r.cost > 0 && r.z.role == roleRate && !storage.Skipped(r.d)
-}
-
-// inlineZones is how many applied zones a request tracks without
-// allocating. The handler's own array holds inlineResults: it is on the
+// inlineResults is how many applied zone parts a request tracks without
+// allocating (a decision's own arrays hold shared.InlineParts). It is on the
 // stack while a rejected request's answer is written, deep in net/http,
 // and a request goroutine that outgrows 8 KiB copies its stack to a
 // larger one, again after every garbage collection shrinks it (2% of
 // Caddy's CPU under a flood of rejections). A request with more results
 // (zones, and their ban and concurrency parts) allocates.
-const (
-	inlineZones   = 8
-	inlineResults = 4
-)
+const inlineResults = 4
 
 // ServeHTTP decides the request against every zone that applies, as one
 // step: the request goes on only if every zone admits it, and a request
@@ -118,7 +94,7 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 			z.emptyKey.note(h.logger, z)
 		}
 		if len(z.parts) == 1 {
-			results = append(results, result{z: rate, key: key, cost: z.resolveCost(repl)})
+			results = append(results, result{Z: rate, Zone: &rate.Zone, Key: key, Cost: z.resolveCost(repl)})
 			continue
 		}
 		results = appendParts(results, z, rate, key, repl)
@@ -131,7 +107,7 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		if results, err = h.onStoreError(results, err); err != nil {
 			return false, unavailable(w, r, err)
 		}
-		rejected = takeMemory(now, results)
+		rejected = shared.DecideLocal(now, results)
 	}
 	h.noteDryRuns(r, results)
 	if h.bans {
@@ -173,18 +149,11 @@ func unavailable(w http.ResponseWriter, r *http.Request, err error) error {
 // or -1. When err is not nil, nothing was decided and nothing is charged.
 func (h *Handler) decide(r *http.Request, results []result, now int64) (rejected int, err error) {
 	start := h.storeStart()
-	switch {
-	case h.redis != nil:
-		rejected, err = h.redis.takeAll(r.Context(), now, results)
-	case h.memory:
-		rejected = takeMemory(now, results)
-	default:
-		rejected, err = takeEach(r.Context(), now, results)
-	}
+	rejected, err = h.store.Decide(r.Context(), now, results)
 	h.storeDone(start)
 	for i := 0; i < len(results); {
 		j := zoneEnd(results, i)
-		results[i].z.base.metrics.count(zoneResult(results[i:j]), err)
+		results[i].Z.base.metrics.count(zoneResult(results[i:j]), err)
 		i = j
 	}
 	return rejected, err
@@ -197,20 +166,20 @@ func (h *Handler) decide(r *http.Request, results []result, now int64) (rejected
 func (h *Handler) onStoreError(results []result, err error) ([]result, error) {
 	n := 0
 	for i := range results {
-		z := results[i].z
-		if i == 0 || results[i-1].z.base != z.base {
+		z := results[i].Z
+		if i == 0 || results[i-1].Z.base != z.base {
 			h.logStoreError(z.base, err) // once per zone
 		}
 		switch z.onError {
 		case failDeny:
 			return nil, errStoreUnavailable{zone: z.name, err: err}
 		case failLocal:
-			if z.mem != nil {
+			if z.Memory != nil { // the memory store, or the local copy
 				results[n] = results[i]
-				if results[n].strike > 0 {
+				if results[n].Strike > 0 {
 					// Its zone's ban moved up with it, past the parts
 					// dropped before the zone.
-					results[n].strike -= i - n
+					results[n].Strike -= i - n
 				}
 				n++
 			}
@@ -219,36 +188,11 @@ func (h *Handler) onStoreError(results []result, err error) ([]result, error) {
 	return results[:n], nil
 }
 
-// takeEach decides results on a store that cannot decide several zones
-// as one step (a storage module of another package): zone by zone, giving
-// back what earlier zones took when one rejects or fails, so that a
-// rejected request stays charged nowhere once the decision returns. The
-// zones after a rejecting one are not consulted.
-func takeEach(ctx context.Context, now int64, results []result) (int, error) {
-	for i := range results {
-		res := &results[i]
-		d, err := res.z.limiter.Take(ctx, res.key, now, res.cost)
-		if err != nil {
-			undo(ctx, results[:i], now)
-			return -1, err
-		}
-		res.d, res.limiter = d, res.z.limiter
-		if !d.Allowed && !res.z.dryRun {
-			undo(ctx, results[:i], now)
-			for j := i + 1; j < len(results); j++ {
-				results[j].d = algorithms.Decision{Allowed: true}
-			}
-			return i, nil
-		}
-	}
-	return -1, nil
-}
-
 // noteDryRuns logs and emits the rejections of dry-run zones, which let the
 // request through.
 func (h *Handler) noteDryRuns(r *http.Request, results []result) {
 	for i := range results {
-		if res := &results[i]; res.z.dryRun && !res.d.Allowed {
+		if res := &results[i]; res.Z.DryRun && !res.D.Allowed {
 			h.logReject(r, res, true)
 			h.emitExceeded(r, res, true)
 		}
@@ -263,7 +207,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 	if len(results) > 0 {
 		placeholdersOf(r, repl).setQuota(&results[mostRestrictive(results, -1)])
 	}
-	if h.slots || maxDelay(results) > 0 || (h.responses && settles(results)) {
+	if h.slots || maxDelay(results) > 0 || (h.responses && shared.Settles(results)) {
 		return false, h.admitHeld(w, r, next, results)
 	}
 	return true, nil
@@ -273,12 +217,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 // handler chain returns, or that a shaping zone delays first. A client
 // that goes away while delayed gives its place back.
 func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, results []result) error {
-	if h.responses && h.redis != nil && settles(results) {
-		defer settled(results) // after the settlements, deferred below
+	if h.responses && shared.Settles(results) {
+		defer h.store.Settled(results) // after the settlements, deferred below
 	}
 	if h.slots {
-		if hold := h.holdSlots(r.Context(), results); hold != nil {
-			defer hold.release(r.Context())
+		if hold := shared.HoldSlots(results); hold != nil {
+			defer func() { hold.Release(r.Context(), h.now(), h.logStoreError) }()
 		}
 	}
 	if delay := maxDelay(results); delay > 0 {
@@ -287,29 +231,14 @@ func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyht
 		case <-t.C:
 		case <-r.Context().Done():
 			t.Stop()
-			h.logUndoErrors(undo(context.WithoutCancel(r.Context()), results, h.now()))
+			h.logUndoErrors(shared.Undo(context.WithoutCancel(r.Context()), results, h.now()))
 			return caddyhttp.Error(499, fmt.Errorf("rate_limit: client went away while its request was delayed: %w", r.Context().Err()))
 		}
 	}
-	if h.responses && settles(results) {
+	if h.responses && shared.Settles(results) {
 		return h.serveSettled(w, r, next, results)
 	}
 	return next.ServeHTTP(w, r)
-}
-
-// undo gives back what the charged results took, and returns the zone and
-// error of the last give-back that failed.
-func undo(ctx context.Context, results []result, now int64) (failed *zone, err error) {
-	for i := range results {
-		res := &results[i]
-		if !res.charged() {
-			continue
-		}
-		if e := res.limiter.Undo(ctx, res.key, now, res.cost, res.d); e != nil {
-			failed, err = res.z, e
-		}
-	}
-	return failed, err
 }
 
 // logUndoErrors logs a give-back that failed.
@@ -327,16 +256,16 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	quota := &results[shown(results, rejected)] // a ban's zone reports its rate
 	retryAfter := int64(-1)
 	if wait := admitWait(results); wait != algorithms.Never {
-		retryAfter = retryAfterSeconds(wait, h.Jitter, res.z.name, res.key)
+		retryAfter = retryAfterSeconds(wait, h.Jitter, res.Z.name, res.Key)
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 	}
 	h.writeHeaders(w.Header(), results, rejected, retryAfter, now)
 	p := placeholdersOf(r, repl)
 	p.setQuota(quota)
-	p.rejected, p.retryAfter = res.z, retryAfter
+	p.rejected, p.retryAfter = res.Z, retryAfter
 	h.logReject(r, res, false)
 	h.emitExceeded(r, res, false)
-	return answer(w, r, h.status, errRateLimited{zone: res.z.name})
+	return answer(w, r, h.status, errRateLimited{zone: res.Z.name})
 }
 
 // admitWait is the µs until every zone of a rejected request that is not a
@@ -347,8 +276,8 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 func admitWait(results []result) int64 {
 	var wait int64
 	for i := range results {
-		d := &results[i].d
-		if results[i].z.dryRun || d.Allowed {
+		d := &results[i].D
+		if results[i].Z.DryRun || d.Allowed {
 			continue
 		}
 		if d.Wait == algorithms.Never {
@@ -403,8 +332,8 @@ func jitterFraction(zone, key string) float64 {
 func maxDelay(results []result) int64 {
 	var d int64
 	for i := range results {
-		if !results[i].z.dryRun {
-			d = max(d, results[i].d.Delay)
+		if !results[i].Z.DryRun {
+			d = max(d, results[i].D.Delay)
 		}
 	}
 	return d
@@ -428,22 +357,22 @@ func (h *Handler) logReject(r *http.Request, res *result, dryRun bool) {
 	}
 	clientIP, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
 	fields := []zap.Field{
-		zap.String("zone", res.z.name),
-		zap.Duration("wait", time.Duration(res.d.Wait)*time.Microsecond),
+		zap.String("zone", res.Z.name),
+		zap.Duration("wait", time.Duration(res.D.Wait)*time.Microsecond),
 		zap.String("client_ip", clientIP),
 		zap.Bool("dry_run", dryRun),
 	}
 	if h.LogKey {
-		fields = append(fields, zap.String("key", res.key))
+		fields = append(fields, zap.String("key", res.Key))
 	}
 	ce.Write(fields...)
 }
 
 // logStoreError logs a store failure at error level, at most one line per
-// zone per logThrottleInterval, with the count of failures not logged
+// zone per shared.LogInterval, with the count of failures not logged
 // since the last line: an outage of the store cannot flood the log.
 func (h *Handler) logStoreError(z *zone, err error) {
-	suppressed, ok := z.errLog.allow(h.now(), logThrottleInterval)
+	suppressed, ok := z.errLog.Allow(h.now(), shared.LogInterval)
 	if !ok {
 		return
 	}

@@ -13,8 +13,8 @@ import (
 // BenchmarkServeHTTPRedis is BenchmarkServeHTTP's allowed request on a
 // Redis zone (a redis-server started for it): the handler's path around
 // one decision on Redis, serial and from parallel callers (which share
-// pipelines), with on_storage_error local (the copy follows each
-// decision) and allow (no copy).
+// pipelines), with on_storage_error local (the local copy follows each
+// decision) and allow (no local copy).
 func BenchmarkServeHTTPRedis(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, onError := range []string{"local", "allow"} {
@@ -24,7 +24,7 @@ func BenchmarkServeHTTPRedis(b *testing.B) {
 				name += "/parallel"
 			}
 			b.Run(name, func(b *testing.B) {
-				z := Zone{Events: 1 << 30, Window: caddy.Duration(3600e9), OnStorageError: onError}
+				z := Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), OnStorageError: onError}
 				h := &Handler{RateLimits: map[string]*Zone{"bench": &z}, Headers: []string{"none"},
 					StorageRaw: json.RawMessage(`{"module": "redis", "addresses": ["` + srv.Addr + `"], "timeout": "10s"}`)}
 				provisionBench(b, h)

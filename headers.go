@@ -85,9 +85,9 @@ func (h *Handler) writeHeaders(hdr http.Header, results []result, rejected int, 
 		m = shown(results, rejected)
 		res = &results[m]
 	}
-	limit := strconv.FormatInt(res.z.spec.Limit.Events, 10)
-	remaining := strconv.FormatInt(shownRemaining(res.d.Remaining), 10)
-	reset := ceilSeconds(res.d.Reset)
+	limit := strconv.FormatInt(res.Z.spec.Limit.Events, 10)
+	remaining := strconv.FormatInt(shownRemaining(res.D.Remaining), 10)
+	reset := ceilSeconds(res.D.Reset)
 	if rejected >= 0 && retryAfter >= 0 {
 		reset = retryAfter
 	}
@@ -109,14 +109,14 @@ func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, ret
 	var policy string
 	calendar := false
 	for i := range results {
-		calendar = calendar || results[i].z.spec.Limit.Calendar.Unit != algorithms.NoUnit
+		calendar = calendar || results[i].Z.spec.Limit.Calendar.Unit != algorithms.NoUnit
 	}
 	if calendar {
 		// A calendar window's w is its own window's length: built per
 		// request.
 		var b strings.Builder
 		for i := range results {
-			item := results[i].z.policyAt(results[i].d.At)
+			item := results[i].Z.policyAt(results[i].D.At)
 			if item == "" {
 				continue
 			}
@@ -127,19 +127,19 @@ func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, ret
 		}
 		policy = b.String()
 	} else if len(results) == 1 {
-		policy = results[0].z.policy // built at provision: no allocation
+		policy = results[0].Z.policy // built at provision: no allocation
 	} else if p := onlyZonePolicy(results); p != "" {
 		policy = p // one zone's parts: built at provision too
 	} else {
 		var b strings.Builder
 		for i := range results {
-			if results[i].z.policy == "" {
+			if results[i].Z.policy == "" {
 				continue // a ban: no quota to advertise
 			}
 			if b.Len() > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString(results[i].z.policy)
+			b.WriteString(results[i].Z.policy)
 		}
 		policy = b.String()
 	}
@@ -150,18 +150,18 @@ func (h *Handler) writeIETF(hdr http.Header, results []result, rejected int, ret
 	buf := arr[:0]
 	for i := range results {
 		res := &results[i]
-		if res.z.policy == "" {
+		if res.Z.policy == "" {
 			continue
 		}
 		if len(buf) > 0 {
 			buf = append(buf, ", "...)
 		}
 		buf = append(buf, '"')
-		buf = append(buf, res.z.hname...)
+		buf = append(buf, res.Z.hname...)
 		buf = append(buf, `";r=`...)
-		buf = strconv.AppendInt(buf, shownRemaining(res.d.Remaining), 10)
+		buf = strconv.AppendInt(buf, shownRemaining(res.D.Remaining), 10)
 		buf = append(buf, ";t="...)
-		t := ceilSeconds(res.d.Reset)
+		t := ceilSeconds(res.D.Reset)
 		if i == rejected && retryAfter >= 0 {
 			t = retryAfter // the contract: the rejecting zone's t is Retry-After
 		}
@@ -183,8 +183,8 @@ func onlyZonePolicy(results []result) string {
 		return ""
 	}
 	for i := range results {
-		if results[i].z.role == roleRate {
-			return results[i].z.zonePolicy
+		if results[i].Z.role == roleRate {
+			return results[i].Z.zonePolicy
 		}
 	}
 	return ""
@@ -194,7 +194,7 @@ func onlyZonePolicy(results []result) string {
 // for the rejecting result rejected: itself, or for a ban its zone's rate,
 // which follows it.
 func shown(results []result, rejected int) int {
-	if results[rejected].z.role == roleBan {
+	if results[rejected].Z.role == roleBan {
 		return rejected + 1
 	}
 	return rejected
@@ -207,14 +207,14 @@ func mostRestrictive(results []result, rejected int) int {
 		return shown(results, rejected)
 	}
 	m := 0
-	if results[0].z.role == roleBan {
+	if results[0].Z.role == roleBan {
 		m = 1
 	}
 	for i := m + 1; i < len(results); i++ {
-		if results[i].z.role == roleBan {
+		if results[i].Z.role == roleBan {
 			continue
 		}
-		a, b := &results[i].d, &results[m].d
+		a, b := &results[i].D, &results[m].D
 		if a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.Reset > b.Reset) {
 			m = i
 		}

@@ -56,7 +56,7 @@ func TestIETFValueBeyondItsBuffer(t *testing.T) {
 	for i, name := range []string{"a-zone-with-a-rather-long-name-0123456789012345678901234", "b-zone-with-a-rather-long-name-0123456789012345678901234", "c-zone-with-a-rather-long-name-0123456789012345678901234"} {
 		z := &zone{name: name, hname: name, policy: `"` + name + `";q=1;w=1`}
 		z.base = z
-		results = append(results, result{z: z, d: algorithms.Decision{Allowed: true, Remaining: int64(i), Reset: 1}})
+		results = append(results, result{Z: z, Zone: &z.Zone, D: algorithms.Decision{Allowed: true, Remaining: int64(i), Reset: 1}})
 		if i > 0 {
 			want += ", "
 		}

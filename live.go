@@ -101,7 +101,7 @@ func distinctStores(seen []storage.Limiter, zs ...liveZone) []storage.Limiter {
 			if p != lz.z && p.tier == "" {
 				continue // a ban or a concurrency beside the rate: not keys of their own
 			}
-			l := p.limiter
+			l := p.Limiter
 			if _, ok := l.(keyCounter); !ok || !reflect.TypeOf(l).Comparable() {
 				continue
 			}

@@ -110,7 +110,7 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	h.storeSeconds = m.storeSeconds.WithLabelValues(backendName(h.backend))
 	for _, z := range h.zones {
 		rejected, banned := resultRejected, resultBanned
-		if z.dryRun {
+		if z.DryRun {
 			rejected, banned = resultDryRunRejected, resultDryRunRejected
 		}
 		z.metrics = &zoneMetrics{
@@ -132,6 +132,10 @@ func rateLimitCollectors() []prometheus.Collector {
 	m := &rateLimitMetrics
 	return []prometheus.Collector{m.requests, m.storeSeconds, m.stores}
 }
+
+// clockBase is what store latencies are timed from, on the monotonic
+// clock.
+var clockBase = time.Now()
 
 // storeStart returns the time a store decision starts, for storeDone.
 func (h *Handler) storeStart() time.Duration {

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/storage"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 func init() {
@@ -92,12 +93,13 @@ type Handler struct {
 	headers    headerModes
 	status     int
 	backend    Backend
-	mem        *MemoryStorage // the default backend, or on_storage_error local's copies
-	memory     bool           // the backend is the memory store
-	redis      *RedisStorage  // the backend, if it is Redis
-	bans       bool           // a zone has a ban
-	slots      bool           // a zone has concurrency slots
-	responses  bool           // a zone has count_response or cost_response
+	mem        *MemoryStorage      // the default backend, or on_storage_error local's local copies
+	memory     bool                // the backend is the memory store
+	redis      *RedisStorage       // the backend, if it is Redis
+	store      shared.Store[*zone] // decides, settles and gives back on the backend
+	bans       bool                // a zone has a ban
+	slots      bool                // a zone has concurrency slots
+	responses  bool                // a zone has count_response or cost_response
 	logger     *zap.Logger
 	logRejects bool         // the logger takes debug lines (see logReject)
 	now        func() int64 // µs since the Unix epoch: clock, at provision
@@ -139,7 +141,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	h.mem = new(MemoryStorage)
 	if h.StorageRaw != nil {
-		h.mem.copies = true // on_storage_error local's, if the backend is not memory
+		h.mem.local = true // on_storage_error local's, if the backend is not memory
 		mod, err := ctx.LoadModule(h, "StorageRaw")
 		if err != nil {
 			return fmt.Errorf("loading storage module: %w", err)
@@ -156,6 +158,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	} else {
 		h.backend = h.mem
 		h.memory = true
+	}
+	h.store = shared.Store[*zone]{Memory: h.memory, Clock: h.now}
+	if h.redis != nil {
+		h.store.Pool = h.redis.client
 	}
 
 	order, err := h.zoneOrder()

@@ -625,7 +625,7 @@ func TestAdminAPI(t *testing.T) {
 		{"alice", "adm", "alice", 200, keyState{Zone: "adm", Key: "alice", Allowed: true, Remaining: 1, Reset: 2400}},
 		{"long key, hashed as stored", "adm", long, 200, keyState{Zone: "adm", Key: storage.BoundKey(long), Allowed: true, Remaining: 2, Reset: 1200}},
 		{"escaped slash and space", "adm", "a/b c", 200, keyState{Zone: "adm", Key: "a/b c", Allowed: true, Remaining: 2, Reset: 1200}},
-		{"client IP grouped by prefix", "adm_net", ip, 200, keyState{Zone: "adm_net", Key: maskIP(ip, 24, 64), Allowed: true, Remaining: 2, Reset: 1200}},
+		{"client IP grouped by prefix", "adm_net", ip, 200, keyState{Zone: "adm_net", Key: storage.MaskIP(ip, 24, 64), Allowed: true, Remaining: 2, Reset: 1200}},
 		{"unknown key", "adm", "nobody", 404, keyState{Error: `zone "adm" holds no key "nobody"`}},
 		{"unknown zone", "nozone", "alice", 404, keyState{Error: `unknown zone "nozone"`}},
 	} {
@@ -885,30 +885,6 @@ func TestLogsAndStoreErrors(t *testing.T) {
 	// The admin API reports the failing store instead of a key state.
 	if st := adminDo(t, "GET", "/rate_limit/zones/log_down/keys/x", nil); st != http.StatusServiceUnavailable {
 		t.Errorf("GET key in a failing store: status %d, want 503", st)
-	}
-}
-
-func TestLogThrottle(t *testing.T) {
-	const sec = microsPerSecond
-	var th logThrottle
-	for i, step := range []struct {
-		now        int64
-		ok         bool
-		suppressed int64
-	}{
-		{0, true, 0},
-		{1, false, 0},
-		{5 * sec, false, 0},
-		{10*sec - 1, false, 0},
-		{10 * sec, true, 3},
-		{10 * sec, false, 0},
-		{30 * sec, true, 1},
-		{31 * sec, false, 0},
-	} {
-		suppressed, ok := th.allow(step.now, 10*sec)
-		if ok != step.ok || suppressed != step.suppressed {
-			t.Errorf("step %d: allow(%d) = %d, %v, want %d, %v", i, step.now, suppressed, ok, step.suppressed, step.ok)
-		}
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // owedSite is a zone of 2 failed logins an hour (count_response status
@@ -99,7 +100,7 @@ func TestReloadKeepsSettlementsInFlight(t *testing.T) {
 		t.Fatalf("after the held logins ended: %q, want %q (both given back on Redis)", got, want)
 	}
 	waitFor(t, "the retired client closed once its settlements were made", func() bool {
-		return old.client.Ping(t.Context()).Err() != nil
+		return old.Client().Ping(t.Context()).Err() != nil
 	})
 }
 
@@ -236,11 +237,11 @@ func settleSites(up, addr, timeout string) string {
 }
 
 // liveRedisClients are the Redis clients of the live handlers.
-func liveRedisClients(t *testing.T) []*pooledRedis {
+func liveRedisClients(t *testing.T) []*shared.Pool {
 	t.Helper()
 	live.mu.Lock()
 	defer live.mu.Unlock()
-	var out []*pooledRedis
+	var out []*shared.Pool
 	for _, h := range live.handlers {
 		if h.redis != nil && h.redis.client != nil && !slices.Contains(out, h.redis.client) {
 			out = append(out, h.redis.client)
@@ -305,7 +306,7 @@ func TestSettlementsReachRedisOnce(t *testing.T) {
 	srv.Restart() // from its append-only file: every reservation held
 	waitFor(t, "the retired clients to close once their kept settlements reached Redis", func() bool {
 		for _, p := range old {
-			if p.client.Ping(t.Context()).Err() == nil {
+			if p.Client().Ping(t.Context()).Err() == nil {
 				return false
 			}
 		}
@@ -321,7 +322,7 @@ func TestSettlementsReachRedisOnce(t *testing.T) {
 		}
 	}
 	for _, p := range old {
-		if n := p.rt.Owed.Dropped(); n != 0 {
+		if n := p.Runtime().Owed.Dropped(); n != 0 {
 			t.Errorf("a retired client dropped %d settlements, want 0", n)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	"github.com/caddy-tollgate/tollgate/storage"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // TestTimedOutDecisionGoesOnFromTheSharedState: with on_storage_error
@@ -20,7 +21,7 @@ import (
 // this instance, so a key Redis has spent stays spent: before, the
 // fallback started from a fresh key, and a client over its limit got a
 // whole burst again each time Redis was slow (a loaded machine, a stall).
-// A key Redis never saw is still fresh, and the fallback never rejects
+// A key Redis never saw is still fresh, and the local copy never rejects
 // what Redis would admit.
 func TestTimedOutDecisionGoesOnFromTheSharedState(t *testing.T) {
 	for _, alg := range []string{"token_bucket", "gcra", "leaky_bucket", "fixed_window", "sliding_window", "sliding_log"} {
@@ -42,7 +43,7 @@ func TestTimedOutDecisionGoesOnFromTheSharedState(t *testing.T) {
 				}
 			}
 			// No 4th request through Redis: its rejection would be in the
-			// deny cache, which answers before the fallback is reached.
+			// deny cache, which answers before the local copy is reached.
 			if resp, _ := get(t, tester, "/", "X-Client: once"); resp.StatusCode != 200 {
 				t.Fatalf("another client's first request: status %d, want 200", resp.StatusCode)
 			}
@@ -54,7 +55,7 @@ func TestTimedOutDecisionGoesOnFromTheSharedState(t *testing.T) {
 			defer srv.Resume()
 			resp, _ := get(t, tester, "/", "X-Client: spent")
 			if resp.StatusCode != 429 {
-				t.Errorf("with Redis frozen, a client Redis has spent: status %d, want 429 (the fallback started from a fresh key)", resp.StatusCode)
+				t.Errorf("with Redis frozen, a client Redis has spent: status %d, want 429 (the local copy started from a fresh key)", resp.StatusCode)
 			}
 			for i := 2; i <= 3; i++ {
 				if resp, _ := get(t, tester, "/", "X-Client: once"); resp.StatusCode != 200 {
@@ -75,7 +76,7 @@ func TestTimedOutDecisionGoesOnFromTheSharedState(t *testing.T) {
 // gives its place back on Redis, and on the local copy too. Zone: one
 // request per 2s, shaped up to 2.5s. A is admitted; B is delayed about 2s
 // and leaves; Redis freezes. C, decided locally, waits about 2s behind A:
-// admitted. Had the copy kept B's place, C would have to wait about 4s,
+// admitted. Had the local copy kept B's place, C would have to wait about 4s,
 // past max_delay: 429.
 func TestLocalCopyGetsBackWhatRedisGivesBack(t *testing.T) {
 	srv := redistest.Start(t)
@@ -107,7 +108,7 @@ func TestLocalCopyGetsBackWhatRedisGivesBack(t *testing.T) {
 // TestLocalCopyFollowsAResetElsewhere: a key that another instance resets
 // (its admin API's DELETE) is reset in this instance's local copy too, so
 // that a decision Redis does not answer in time admits the client again.
-// Before, the copy kept the client spent until this instance's next
+// Before, the local copy kept the client spent until this instance's next
 // decision on the key through Redis: with Redis frozen, 429 where the
 // shared state admits.
 func TestLocalCopyFollowsAResetElsewhere(t *testing.T) {
@@ -146,32 +147,32 @@ func TestLocalCopyFollowsAResetElsewhere(t *testing.T) {
 		t.Fatalf("reset on the other instance: %v, %v", ok, err)
 	}
 	var (
-		copy *zone
-		now  func() int64 // the handler's clock
+		local *zone
+		now   func() int64 // the handler's clock
 	)
 	for _, lz := range liveZones() {
 		if lz.z.name == "elsewhere" {
-			copy, now = lz.z, lz.now
+			local, now = lz.z, lz.now
 		}
 	}
-	if copy == nil || copy.mem == nil {
+	if local == nil || local.Memory == nil {
 		t.Fatal("zone elsewhere has no local copy")
 	}
-	waitFor(t, "this instance's copy to forget the key reset on another instance", func() bool {
-		_, held, _ := copy.mem.Peek(context.Background(), client, now())
+	waitFor(t, "this instance's local copy to forget the key reset on another instance", func() bool {
+		_, held, _ := local.Memory.Peek(context.Background(), client, now())
 		return !held
 	})
 
 	// A reset heard of after the key was charged again since (the other
-	// instance took one): the copy takes what Redis holds, not a fresh
+	// instance took one): the local copy takes what Redis holds, not a fresh
 	// key.
 	zo := other.Zone(storage.Zone{Name: "elsewhere", Limit: l})
 	if d, err := zo.Take(context.Background(), client, 0, algorithms.Milli); err != nil || !d.Allowed {
 		t.Fatalf("a take on the other instance after the reset: %+v, %v", d, err)
 	}
-	copy.limiter.(*redisLimiter).resetCopy(client)
-	waitFor(t, "the copy to hold what Redis holds after a reset heard of late (2 of 3 left)", func() bool {
-		d, held, _ := copy.mem.Peek(context.Background(), client, now())
+	local.Limiter.(*shared.Limiter).ResetLocal(client)
+	waitFor(t, "the local copy to hold what Redis holds after a reset heard of late (2 of 3 left)", func() bool {
+		d, held, _ := local.Memory.Peek(context.Background(), client, now())
 		return held && d.Remaining == 2
 	})
 
@@ -190,10 +191,10 @@ func TestLocalCopyFollowsAResetElsewhere(t *testing.T) {
 // TestReloadBetweenRedisAndMemoryStartsAfresh: a Redis zone's local copy
 // is its own, not the state of a memory zone of the same name and limit.
 // A reload from Redis to memory starts the memory zone afresh (before, it
-// took over the copy, Redis's clock lead included: a key spent in Redis
+// took over the local copy, Redis's clock lead included: a key spent in Redis
 // stayed spent, which made TestTiersThroughCaddy fail whenever its Redis
 // case ran first), and a reload back to Redis does not make a memory
-// zone's state the copy. A reload from Redis to Redis keeps the copy.
+// zone's state the local copy. A reload from Redis to Redis keeps the local copy.
 func TestReloadBetweenRedisAndMemoryStartsAfresh(t *testing.T) {
 	srv := redistest.Start(t)
 	zone := `
@@ -229,7 +230,7 @@ func TestReloadBetweenRedisAndMemoryStartsAfresh(t *testing.T) {
 		t.Fatalf("in memory: %s, want 200 200", got)
 	}
 	// Back to Redis: c spends its 2 there. Then a reload that keeps the
-	// zone (a shorter timeout) and a frozen Redis: the fallback's copy is
+	// zone (a shorter timeout) and a frozen Redis: the local copy is
 	// the Redis zone's, kept across that reload, which has c spent and
 	// has not seen b, spent in memory only.
 	tester.InitServer(redisSiteWithTimeout(srv.Addr, testTimeout, zone), "caddyfile")
@@ -249,9 +250,9 @@ func TestReloadBetweenRedisAndMemoryStartsAfresh(t *testing.T) {
 
 // TestReloadLetsGoOfResetHooks: a reload closes the old configuration's
 // Redis limiters, whose reset hooks then stop. A reset heard of after
-// three reloads makes one read of Redis (the live zone's copy follows it),
+// three reloads makes one read of Redis (the live zone's local copy follows it),
 // not four: every handler the reloads replaced would read it again for a
-// copy nobody uses, and be kept in memory for it.
+// local copy nobody uses, and be kept in memory for it.
 func TestReloadLetsGoOfResetHooks(t *testing.T) {
 	srv := redistest.Start(t)
 	tester := caddytest.NewTester(t)
@@ -290,9 +291,9 @@ func TestReloadLetsGoOfResetHooks(t *testing.T) {
 	if code := adminDo(t, "DELETE", "/rate_limit/zones/hooks/keys/hooked", nil); code != 200 {
 		t.Fatalf("DELETE: %d", code)
 	}
-	waitFor(t, "the copy to read the reset key back", func() bool { return scripts() > before+1 })
+	waitFor(t, "the local copy to read the reset key back", func() bool { return scripts() > before+1 })
 	time.Sleep(300 * time.Millisecond) // room for any other hook's read
-	// The reset's own script, then the one copy's read.
+	// The reset's own script, then the one local copy's read.
 	if n := scripts() - before; n != 2 {
 		t.Errorf("a reset made %d script calls, want 2 (the reset and one read): the handlers the reloads replaced still follow resets", n)
 	}
@@ -304,8 +305,8 @@ func TestReloadLetsGoOfResetHooks(t *testing.T) {
 // decision carries its lease id where the others carry Redis's time, and
 // when a request's first part was one, the lead was set from the lease id
 // (issue 27, item 2): off by up to centuries, so that with Redis frozen a
-// client Redis had spent was admitted again (copies in the future), or,
-// about one time in five, the copies ran in the past and refused more than
+// client Redis had spent was admitted again (local copies in the future), or,
+// about one time in five, the local copies ran in the past and refused more than
 // the limit. Redis runs on this machine, by this machine's clock: the lead
 // is a few ms, here bounded by a minute.
 func TestLocalCopiesKeepRedisClockBesideAConcurrencyZone(t *testing.T) {
@@ -332,7 +333,7 @@ func TestLocalCopiesKeepRedisClockBesideAConcurrencyZone(t *testing.T) {
 	live.mu.Lock()
 	for _, h := range live.handlers {
 		if h.redis != nil && h.redis.client != nil {
-			lead, want = h.redis.client.lead.Load(), time.Now().UnixMicro()-h.now()
+			lead, want = h.redis.client.Lead(), time.Now().UnixMicro()-h.now()
 		}
 	}
 	live.mu.Unlock()

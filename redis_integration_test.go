@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // redisSite is a site whose zones keep their state in the Redis at addr,
@@ -28,7 +29,7 @@ func redisSite(addr, zones string) string {
 // testTimeout is the Redis decision timeout of the tests that assert exact
 // decisions. The default (100ms) is reached on a shared CI machine under
 // load, and a decision that times out is decided by on_storage_error
-// (local, by default: this instance's copy of the shared state, which
+// (local, by default: this instance's local copy of the shared state, which
 // does not know what other instances took since its last decision).
 const testTimeout = "10s"
 
@@ -226,7 +227,7 @@ func TestRedisSlowOrHungIsBoundedByTimeout(t *testing.T) {
 	// Nothing leaks: the connections stay within the pool, and the
 	// goroutines come back down once Redis answers.
 	redisClients.Range(func(_, v any) bool {
-		st := v.(*pooledRedis).client.PoolStats()
+		st := v.(*shared.Pool).Client().PoolStats()
 		if max := uint32(10 * runtime.GOMAXPROCS(0)); st.TotalConns > max {
 			t.Errorf("redis connections: %d open, want at most the pool size %d", st.TotalConns, max)
 		}

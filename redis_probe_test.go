@@ -35,13 +35,13 @@ const probeZones = `
 			}`
 
 // liveRedisZone returns the live zone name's Redis limiter.
-func liveRedisZone(t *testing.T, name string) (*zone, *redisLimiter) {
+func liveRedisZone(t *testing.T, name string) (*zone, *shared.Limiter) {
 	t.Helper()
 	for _, lz := range liveZones() {
 		if lz.z.name == name {
-			l, ok := lz.z.limiter.(*redisLimiter)
+			l, ok := lz.z.Limiter.(*shared.Limiter)
 			if !ok {
-				t.Fatalf("zone %s: limiter %T, want a Redis one", name, lz.z.limiter)
+				t.Fatalf("zone %s: limiter %T, want a Redis one", name, lz.z.Limiter)
 			}
 			return lz.z, l
 		}
@@ -57,7 +57,7 @@ func liveRedisStore(t *testing.T) *redisstore.Store {
 	defer live.mu.Unlock()
 	for _, h := range live.handlers {
 		if h.redis != nil && h.redis.client != nil {
-			return h.redis.client.store
+			return h.redis.client.Store()
 		}
 	}
 	t.Fatal("no live handler on Redis")
@@ -87,7 +87,7 @@ func TestResetFollowedWhileRedisRecoversReturnsTheProbe(t *testing.T) {
 		return err == nil && n[channel] > 0
 	})
 	local, l := liveRedisZone(t, "probe_local")
-	h := &l.rt.Breaker
+	h := &l.Runtime().Breaker
 
 	// A stall opens the breaker: decisions time out until it does.
 	srv.Pause()
@@ -103,12 +103,12 @@ func TestResetFollowedWhileRedisRecoversReturnsTheProbe(t *testing.T) {
 	srv.Resume()
 	h.RetryNow() // the retry time has come: the next call probes
 
-	// The reset, heard of by this instance, which follows it on its copy:
+	// The reset, heard of by this instance, which follows it on its local copy:
 	// the first call since the retry time came. A hook registered after
-	// the copy's is called after it: once it has been, the copy's follow
+	// the local copy's is called after it: once it has been, the local copy's follow
 	// is under way, and done when it has given its place back.
 	heard := make(chan string, 1)
-	stop := liveRedisStore(t).OnReset(l.inner, func(key string, _ int64) {
+	stop := liveRedisStore(t).OnReset(l.Inner(), func(key string, _ int64) {
 		select {
 		case heard <- key:
 		default:
@@ -119,9 +119,9 @@ func TestResetFollowedWhileRedisRecoversReturnsTheProbe(t *testing.T) {
 		t.Fatalf("DELETE: %d", code)
 	}
 	waitFor(t, "the instance to hear of the reset", func() bool { return len(heard) == 1 })
-	waitFor(t, "the copy to follow the reset", func() bool { return len(l.resets) == 0 })
-	if _, held, _ := local.mem.Peek(context.Background(), client, monotonicMicros()); held {
-		t.Fatalf("the copy holds the key after the reset, want it forgotten")
+	waitFor(t, "the local copy to follow the reset", func() bool { return l.Following() == 0 })
+	if _, held, _ := local.Memory.Peek(context.Background(), client, monotonicMicros()); held {
+		t.Fatalf("the local copy holds the key after the reset, want it forgotten")
 	}
 
 	// Redis is healthy: a deny zone's request is decided there.
@@ -146,7 +146,7 @@ func TestDenyCacheHitDoesNotCloseTheBreaker(t *testing.T) {
 	tester := caddytest.NewTester(t)
 	tester.InitServer(redisSiteWithTimeout(srv.Addr, "100ms", probeZones), "caddyfile")
 	_, l := liveRedisZone(t, "probe_deny")
-	h := &l.rt.Breaker
+	h := &l.Runtime().Breaker
 	// A cached rejection is trusted for a second of this instance's
 	// clock: a round whose second ran out before its cached request is
 	// tried again with another client (the status tells: 429 from the

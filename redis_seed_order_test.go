@@ -16,14 +16,14 @@ import (
 // TestLocalCopyKeepsConcurrentReplies: with on_storage_error local (the
 // default), each request Redis decides seeds the zone's local copy with
 // its own reply, and the replies of concurrent requests arrive in any
-// order. The copy keeps the latest state whatever the order: once Redis
-// has admitted a client's whole limit, 16 requests at once, the copy
+// order. The local copy keeps the latest state whatever the order: once Redis
+// has admitted a client's whole limit, 16 requests at once, the local copy
 // refuses it, and with Redis frozen so does the instance. Before, an
-// older reply landing last took the copy back: in 2 of 12 such rounds
-// the copy left room for 8 more requests. (Whether the replies of a
+// older reply landing last took the local copy back: in 2 of 12 such rounds
+// the local copy left room for 8 more requests. (Whether the replies of a
 // round arrive out of order is up to the scheduler; the test runs rounds
 // enough that, before, one almost always did: it failed 5 runs of 5.
-// With the merge the copy is the same in every order, so the test
+// With the merge the local copy is the same in every order, so the test
 // cannot fail by chance.)
 func TestLocalCopyKeepsConcurrentReplies(t *testing.T) {
 	algs := []string{"token_bucket", "gcra", "leaky_bucket", "fixed_window", "sliding_window", "sliding_log"}
@@ -72,19 +72,19 @@ func TestLocalCopyKeepsConcurrentReplies(t *testing.T) {
 		if !strings.HasPrefix(lz.z.name, "order_") {
 			continue
 		}
-		if lz.z.mem == nil {
+		if lz.z.Memory == nil {
 			t.Fatalf("zone %s has no local copy", lz.z.name)
 		}
 		room := 0
 		for r := range rounds {
-			d, held, _ := lz.z.mem.Peek(context.Background(), fmt.Sprintf("round-%d", r), lz.now())
+			d, held, _ := lz.z.Memory.Peek(context.Background(), fmt.Sprintf("round-%d", r), lz.now())
 			if !held || d.Allowed {
 				room++
-				t.Logf("%s, round %d: the copy holds %v and decides %+v", lz.z.name, r, held, d)
+				t.Logf("%s, round %d: the local copy holds %v and decides %+v", lz.z.name, r, held, d)
 			}
 		}
 		if room > 0 {
-			t.Errorf("%s: the copy has room in %d of %d rounds whose %d requests Redis admitted, all of the limit", lz.z.name, room, rounds, burst)
+			t.Errorf("%s: the local copy has room in %d of %d rounds whose %d requests Redis admitted, all of the limit", lz.z.name, room, rounds, burst)
 		}
 	}
 

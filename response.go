@@ -16,6 +16,7 @@ import (
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/bodyscan"
 	"github.com/caddy-tollgate/tollgate/storage"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // Limits on what the response says (count_response, cost_response): the
@@ -135,27 +136,10 @@ func (h *Handler) checkSettlers(z *zone) error {
 	if z.response == nil || z.response.cost == "" {
 		return nil
 	}
-	if _, ok := z.limiter.(storage.Settler); !ok {
+	if _, ok := z.Limiter.(storage.Settler); !ok {
 		return fmt.Errorf("cost_response: storage %T cannot settle a cost found after the response; use storage memory or redis", h.backend)
 	}
 	return nil
-}
-
-// settles reports whether a zone with response options admitted the
-// request and charged it: its charge is to be settled.
-func settles(results []result) bool {
-	for i := range results {
-		if results[i].settles() {
-			return true
-		}
-	}
-	return false
-}
-
-// settles reports whether res is a charge to settle when the response is
-// complete. A cost of 0 settles too: its excess is owed.
-func (res *result) settles() bool {
-	return res.z.base.response != nil && res.z.role == roleRate && res.d.Allowed && !storage.Skipped(res.d)
 }
 
 // serveSettled sends the request on through a tap on its response, and
@@ -202,21 +186,9 @@ func (h *Handler) settle(r *http.Request, results []result, tap *responseTap, st
 	} else if tap.keep {
 		costRepl = writtenHeaders(repl, header)
 	}
-	ctx := context.WithoutCancel(r.Context())
-	now := h.now()
-	for i := range results {
-		res := &results[i]
-		if !res.settles() {
-			continue
-		}
-		actual := res.z.base.response.actual(res.cost, status, header, costRepl)
-		if actual == res.cost {
-			continue
-		}
-		if err := settleCharge(ctx, res, now, actual); err != nil {
-			h.logStoreError(res.z, err)
-		}
-	}
+	shared.Settle(context.WithoutCancel(r.Context()), h.now(), results, func(z *zone, reserved int64) int64 {
+		return z.base.response.actual(reserved, status, header, costRepl)
+	}, h.logStoreError)
 }
 
 // actual is the settled cost of a request that reserved cost and ended with
@@ -251,40 +223,6 @@ func writtenHeaders(repl *caddy.Replacer, header http.Header) *caddy.Replacer {
 	return r
 }
 
-// settleCharge settles res, which reserved res.cost, to actual on the
-// limiter that decided it: as one step on a Settler, else (a store of
-// another package, count_response only) by giving back with Undo.
-func settleCharge(ctx context.Context, res *result, now, actual int64) error {
-	if s, ok := res.limiter.(storage.Settler); ok {
-		return s.Settle(ctx, res.key, now, res.cost, actual, res.d)
-	}
-	if actual < res.cost {
-		return res.limiter.Undo(ctx, res.key, now, res.cost-actual, res.d)
-	}
-	return nil
-}
-
-// Settle settles on Redis, bounded by the timeout and the breaker, and in
-// the zone's local copy (on_storage_error local) whether Redis answered or
-// not: the copy decides while Redis does not answer, and must know what
-// was given back or owed meanwhile.
-func (l *redisLimiter) Settle(ctx context.Context, key string, now, reserved, actual int64, taken algorithms.Decision) error {
-	if l.copy != nil {
-		defer l.copy.Settle(ctx, key, now, reserved, actual, taken)
-	}
-	s, ok := l.inner.(storage.Settler)
-	if !ok {
-		return fmt.Errorf("%T cannot settle", l.inner)
-	}
-	err := l.rt.Call(ctx, func(c context.Context) error {
-		return s.Settle(c, key, now, reserved, actual, taken)
-	})
-	if err != nil {
-		err = l.keep(key, taken, max(reserved, 0)-max(actual, 0), err)
-	}
-	return err
-}
-
 // responseTap passes a response through unchanged, noting its status and
 // headers as they are written, its body's size, and (for a body-number
 // placeholder) scanning the body as it passes.
@@ -308,8 +246,8 @@ func newResponseTap(w http.ResponseWriter, results []result) *responseTap {
 	t := &responseTap{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	var paths []string
 	for i := range results {
-		if results[i].settles() {
-			rule := results[i].z.base.response
+		if results[i].Settles() {
+			rule := results[i].Z.base.response
 			paths = append(paths, rule.json...)
 			t.keep = t.keep || rule.headers
 		}
@@ -375,7 +313,6 @@ type writerOnly struct{ io.Writer }
 
 // Interface guards.
 var (
-	_ storage.Settler     = (*redisLimiter)(nil)
 	_ http.ResponseWriter = (*responseTap)(nil)
 	_ io.ReaderFrom       = (*responseTap)(nil)
 )

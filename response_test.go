@@ -489,9 +489,9 @@ func TestLLMRecipe(t *testing.T) {
 
 // TestCountResponseLocalCopy: with on_storage_error local, the instance's
 // copy of the Redis state learns the give-backs of successful logins, so
-// that when Redis goes away the copy goes on from the 3 failures Redis
+// that when Redis goes away the local copy goes on from the 3 failures Redis
 // counted (2 more allowed), not from 6 requests; and a successful login
-// decided locally is given back in the copy.
+// decided locally is given back in the local copy.
 func TestCountResponseLocalCopy(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newLoginUpstream(t, false)
@@ -505,7 +505,7 @@ func TestCountResponseLocalCopy(t *testing.T) {
 		check(t, fmt.Sprintf("wrong %d", i), resp, "", want{status: 401})
 	}
 	// The last decision Redis made before it went away was a reservation
-	// it then gave back: only the give-back tells the copy.
+	// it then gave back: only the give-back tells the local copy.
 	resp, _ := get(t, tester, "/login1", client, "X-Password: right")
 	check(t, "good before the outage", resp, "", want{status: 200})
 	srv.Stop()

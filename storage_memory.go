@@ -1,7 +1,6 @@
 package tollgate
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/caddyserver/caddy/v2"
@@ -24,7 +23,7 @@ func init() {
 // and cleaned up, which Caddy does on one goroutine.
 type MemoryStorage struct {
 	opened []string // pool keys to release
-	copies bool     // holds on_storage_error local's copies, not memory zones
+	local  bool     // holds on_storage_error local's local copies, not memory zones
 }
 
 // CaddyModule returns the Caddy module information.
@@ -55,7 +54,7 @@ func (pooledStore) Destruct() error { return nil }
 // they are kept whatever max_keys and the lease (which memory does not
 // use) say, so that the requests running across a reload keep their
 // slots, and give them back where they took them.
-func memoryPoolKey(z storage.Zone, copies bool) string {
+func memoryPoolKey(z storage.Zone, local bool) string {
 	l := z.Limit
 	maxKeys := z.MaxKeys
 	if l.Kind == algorithms.Concurrency {
@@ -71,15 +70,20 @@ func memoryPoolKey(z storage.Zone, copies bool) string {
 		}
 		key += "/" + c.String() + "@" + loc
 	}
-	if copies {
-		key = "copy:" + key
+	if local {
+		key = "local:" + key
 	}
 	return key
 }
 
 // OpenLimiter returns the zone's memory store, the same one across reloads.
 func (m *MemoryStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
-	key := memoryPoolKey(z, m.copies)
+	return m.open(z)
+}
+
+// open is OpenLimiter, returning the store by its type.
+func (m *MemoryStorage) open(z storage.Zone) (*memory.Store, error) {
+	key := memoryPoolKey(z, m.local)
 	v, _, err := memoryZones.LoadOrNew(key, func() (caddy.Destructor, error) {
 		return pooledStore{memory.New(z)}, nil
 	})
@@ -113,47 +117,11 @@ func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// takeMemory decides results as one step on their zones' memory stores
-// (zone.mem, which every zone passed here has) and returns the index of the
-// first rejecting zone that is not a dry run, or -1.
-func takeMemory(now int64, results []result) int {
-	if len(results) == 1 {
-		// One zone, one part: no arrays for TakeAll on the stack (a
-		// request's goroutine runs deep in Caddy's handler chain, and a
-		// larger frame can make its stack grow, again after every GC
-		// shrinks it).
-		res := &results[0]
-		res.d, _ = res.z.mem.Take(context.Background(), res.key, now, res.cost)
-		res.limiter = res.z.mem
-		if !res.d.Allowed && !res.z.dryRun {
-			return 0
-		}
-		return -1
+// warnMemoryBound logs memory.BoundWarning for a zone on the memory store.
+func (h *Handler) warnMemoryBound(z storage.Zone) {
+	if msg := memory.BoundWarning(z); msg != "" {
+		h.logger.Warn(msg)
 	}
-	return takeMemoryAll(now, results)
-}
-
-// takeMemoryAll is takeMemory for several results. It is a function of its
-// own so that takeMemory's frame, on the path of every request with one
-// zone, holds none of its arrays.
-//
-//go:noinline
-func takeMemoryAll(now int64, results []result) int {
-	var rbuf [inlineZones]memory.Request
-	var dbuf [inlineZones]algorithms.Decision
-	reqs, ds := rbuf[:0], dbuf[:]
-	if len(results) > inlineZones {
-		ds = make([]algorithms.Decision, len(results))
-	}
-	for i := range results {
-		res := &results[i]
-		reqs = append(reqs, memory.Request{Store: res.z.mem, Key: res.key, Cost: res.cost, DryRun: res.z.dryRun, Strike: res.strike})
-	}
-	rejected := memory.TakeAll(now, reqs, ds)
-	for i := range results {
-		results[i].d, results[i].limiter = ds[i], results[i].z.mem
-	}
-	return rejected
 }
 
 // Interface guards.

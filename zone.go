@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"net/textproto"
 	"strconv"
 	"strings"
@@ -15,7 +14,7 @@ import (
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
-	"github.com/caddy-tollgate/tollgate/storage/memory"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // Zone is one rate limit: Events per Window for each distinct resolved Key,
@@ -227,13 +226,10 @@ type zone struct {
 	defaultCost  int64  // milli
 
 	onError int
-	dryRun  bool
 
-	limiter storage.Limiter
-	local   storage.Limiter // for on_storage_error local
-	// mem is the memory store the zone is decided on: its limiter on the
-	// memory backend, its local one for on_storage_error local; else nil.
-	mem *memory.Store
+	// Zone is what the store runtime knows of this part: its limiter, its
+	// memory store or local copy, whether it is a dry run.
+	shared.Zone
 
 	policy string // this part's RateLimit-Policy item, built once; "" for a ban
 	hname  string // this part's name in RateLimit headers
@@ -245,8 +241,8 @@ type zone struct {
 	// The {http.rate_limit.limit} value, boxed once (see placeholders).
 	limitValue any
 
-	metrics *zoneMetrics // nil when Caddy's metrics are off
-	errLog  logThrottle  // store failures log at most once per logThrottleInterval
+	metrics *zoneMetrics       // nil when Caddy's metrics are off
+	errLog  shared.LogThrottle // store failures log at most once per shared.LogInterval
 	// emptyKey warns once that the zone's key resolved empty (on a base).
 	emptyKey emptyKeyWarning
 
@@ -457,7 +453,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if (s.ban != nil || s.slots != nil) && !h.memory && h.redis == nil {
 		return nil, fmt.Errorf("concurrency and ban: need storage memory or redis, which decide them with the rate as one step")
 	}
-	shared := &zone{
+	common := &zone{
 		name:         name,
 		key:          s.key,
 		clientIP:     s.key == defaultKey,
@@ -468,14 +464,14 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		cost:         s.cost,
 		defaultCost:  s.defaultCost,
 		onError:      s.onError,
-		dryRun:       zc.DryRun,
+		Zone:         shared.Zone{DryRun: zc.DryRun},
 	}
 	if zc.MatcherSetsRaw != nil {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
 		if err != nil {
 			return nil, fmt.Errorf("loading matchers: %w", err)
 		}
-		if err := shared.matchers.FromInterface(mods); err != nil {
+		if err := common.matchers.FromInterface(mods); err != nil {
 			return nil, fmt.Errorf("match: %w", err)
 		}
 	}
@@ -484,7 +480,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if !s.rate {
 		role = roleSlots
 	}
-	z, err := h.openPart(shared, role, s.limit, name)
+	z, err := h.openPart(common, role, s.limit, name)
 	if err != nil {
 		return nil, err
 	}
@@ -516,6 +512,9 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		if err := h.provisionTiers(z, zc.TierKey, s.tiers); err != nil {
 			return nil, err
 		}
+	}
+	for _, p := range z.all {
+		p.Settles = z.response != nil
 	}
 	if len(z.parts) > 1 && s.rate {
 		for _, rate := range z.all {
@@ -564,10 +563,8 @@ func validZoneName(name string) error {
 // release closes what the zone's parts opened.
 func (z *zone) release() {
 	for _, p := range z.all {
-		for _, l := range []storage.Limiter{p.limiter, p.local} {
-			if c, ok := l.(interface{ Close() }); ok {
-				c.Close()
-			}
+		if c, ok := p.Limiter.(interface{ Close() }); ok {
+			c.Close()
 		}
 	}
 }
@@ -575,10 +572,11 @@ func (z *zone) release() {
 // sweep forgets fresh keys in the memory stores of the zone's parts.
 func (z *zone) sweep(now int64) {
 	for _, p := range z.all {
-		for _, l := range []storage.Limiter{p.limiter, p.local} {
-			if s, ok := l.(interface{ Sweep(int64) int }); ok {
-				s.Sweep(now)
-			}
+		if s, ok := p.Limiter.(interface{ Sweep(int64) int }); ok {
+			s.Sweep(now)
+		}
+		if p.Local != nil {
+			p.Local.Sweep(now)
 		}
 	}
 }
@@ -615,44 +613,10 @@ func headerKey(template string) string {
 	return textproto.CanonicalMIMEHeaderKey(name)
 }
 
-// storedKey is the key a zone stores for a resolved key: grouped by the
-// zone's IP prefixes and bounded. The handler and the admin API share it.
-// A key with a colon may be an IPv4-mapped address, unmapped even when
-// both prefixes keep addresses whole.
+// storedKey is the key the zone stores for a resolved key (see
+// storage.StoredKey). The handler and the admin API share it.
 func (z *zone) storedKey(key string) string {
-	if z.v4bits < 32 || z.v6bits < 128 || strings.IndexByte(key, ':') >= 0 {
-		key = maskIP(key, z.v4bits, z.v6bits)
-	}
-	return storage.BoundKey(key)
-}
-
-// maskIP masks key to its network if it is an IP address: an IPv4 address
-// (also one mapped into IPv6) to v4bits, an IPv6 address to v6bits. An
-// address kept whole is returned as it is (an IPv4-mapped one unmapped),
-// without allocating for a plain IPv4 key; a masked one is written as a
-// prefix, such as "2001:db8::/64".
-func maskIP(key string, v4bits, v6bits int) string {
-	if v4bits == 32 && strings.IndexByte(key, ':') < 0 {
-		return key // not IPv6, and IPv4 kept whole
-	}
-	ip, err := netip.ParseAddr(key)
-	if err != nil {
-		return key
-	}
-	bits := v6bits
-	if ip.Is4() || ip.Is4In6() {
-		ip, bits = ip.Unmap(), v4bits
-		if bits == 32 {
-			return ip.String()
-		}
-	} else if bits == 128 {
-		return key
-	}
-	p, err := ip.Prefix(bits)
-	if err != nil {
-		return key
-	}
-	return p.String()
+	return storage.StoredKey(key, z.v4bits, z.v6bits)
 }
 
 // resolveCost returns the request's cost in milli-units.

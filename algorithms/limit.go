@@ -250,7 +250,7 @@ func CostMilli(cost float64) (int64, bool) {
 // A sliding_window also keeps in Head what was charged in the previous
 // window: the same as Prev, but in a local copy seeded from another
 // store's decisions (see Seed), whose Prev may be a bound those decisions
-// tell, more than the copy saw charged. A fixed_window's Head is its
+// tell, more than the local copy saw charged. A fixed_window's Head is its
 // grant: extra quota given to the key for its current window (see
 // Limit.Grant), in milli-units, which ends with the window. A
 // sliding_window keeps its grant as a negative Head: a local copy told

@@ -4,24 +4,24 @@ import "math/bits"
 
 // Seed merges into s what d tells of the state that made it: a decision
 // another store (Redis) made on its own state of the key, for a request
-// of cost that it charged there if charged. s is what a local fallback
+// of cost that it charged there if charged. s is the local copy that a store
 // keeps, so that a decision the other store cannot make in time goes on
 // from where the shared state stood, not from a fresh key. Times are the
 // deciding store's: s is read from d.At on, by that store's clock.
 //
-// A copy never moves backwards. Replies to concurrent requests arrive in
+// A local copy never moves backwards. Replies to concurrent requests arrive in
 // any order, so d may be older than what s already holds: s keeps, for
 // every later time, the more restrictive of what it held and what d
 // tells (the later TAT, the larger debt, the later window, the larger
-// count in the same window, the later ban). What the copy charged on its
+// count in the same window, the later ban). What the local copy charged on its
 // own while the other store could not answer stays too, until it ages
 // out: those requests were admitted. Only Reseed, which follows a reset,
-// moves a copy back.
+// moves a local copy back.
 //
 // A Decision tells a state only to a whole event and a whole µs, so what
 // d adds is the least restrictive state d allows: seeded alone, read at
 // any time from d.At on with nothing charged meanwhile, s never rejects a
-// request the state that made d would admit. A copy seeded from every
+// request the state that made d would admit. A local copy seeded from every
 // decision made on the state, in any order, some twice, admits no
 // request of whole events that the state after the last one would reject
 // (the bucket family to a tick, so to a µs where a tick is finer). A
@@ -60,10 +60,10 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 		if d.Reset > 0 {
 			// The most room Remaining allows: the limit and the grant,
 			// less the count. Within a window both the count and the
-			// grant only grow. A grant the copy was told of (see
+			// grant only grow. A grant the local copy was told of (see
 			// Store.Grant) is known exactly, and the count is the least
 			// that leaves that room; room beyond the limit and the grant
-			// known is a grant the copy was not told of.
+			// known is a grant the local copy was not told of.
 			room, limit := (d.Remaining+1)*Milli-1, l.Events*Milli
 			s.Head = max(s.Head, room-limit)
 			s.Level = max(s.Level, limit+s.Head-room)
@@ -80,7 +80,7 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 }
 
 // Reseed sets s to a copy of the state that made d, whatever s held: what
-// a copy follows once the key was reset on the other store, and d read
+// a local copy follows once the key was reset on the other store, and d read
 // its state since. Unlike Seed it may move s backwards. A sliding_log
 // keeps, of the entries it holds, no more than the state that made d
 // holds (the newest: entries since the reset are newer than any before
@@ -114,10 +114,10 @@ func (l *Limit) seedUsed(d Decision) int64 {
 	return max(0, l.Events*Milli-(d.Remaining+1)*Milli+1)
 }
 
-// seedSliding merges d into a sliding_window copy. The window is known
+// seedSliding merges d into a sliding_window local copy. The window is known
 // (d.At), and so is the weighted count to a thousandth of an event
 // (Remaining), but not how it splits between this window and the
-// previous one. So the copy counts, in each window, what it saw charged
+// previous one. So the local copy counts, in each window, what it saw charged
 // there (Level, and Head for the previous window, see State), and keeps
 // as the previous window's count (Prev) at least that, and at least the
 // largest count whose weight ceil(p*toNext/W) is not above the rest of
@@ -125,7 +125,7 @@ func (l *Limit) seedUsed(d Decision) int64 {
 // time (this window's count weighs until the next window ends, the
 // previous one's less every µs until this one ends), but for the
 // rounding up of the weight, by at most a thousandth of an event. A
-// reply from the window before the copy's adds its charge to that
+// reply from the window before the local copy's adds its charge to that
 // window's count; one from an earlier window counts no more.
 func (l *Limit) seedSliding(s *State, d Decision, cost int64) {
 	l.roll(s, d.At) // to d's window, if s is in an earlier one
@@ -175,19 +175,19 @@ func (l *Limit) prevFor(left, toNext int64) int64 {
 	return int64(min(q, uint64(limit)))
 }
 
-// seedLog merges a charged decision into a sliding_log copy. A decision
+// seedLog merges a charged decision into a sliding_log local copy. A decision
 // tells how many entries the log holds (Remaining) and when the newest
 // expires (Reset), not when the others do, and any of them may expire the
-// next µs. So the copy keeps the entries it saw charged: the request's
+// next µs. So the local copy keeps the entries it saw charged: the request's
 // own, at d.At, go in among them in time order (a reply may come after a
 // later one's), and the log keeps at most its events' worth, the newest.
-// One instance's copy then holds every entry it charged; the entries
-// other instances charged are not known to it. While a grant the copy was
+// One instance's local copy then holds every entry it charged; the entries
+// other instances charged are not known to it. While a grant the local copy was
 // told of lasts, the log keeps that many whole events more.
 func (l *Limit) seedLog(s *State, d Decision, cost int64) {
 	n := l.Events
 	if s.Prev > 0 && d.At < s.At {
-		n += s.Prev / Milli // a grant the copy was told of, while it lasts
+		n += s.Prev / Milli // a grant the local copy was told of, while it lasts
 	}
 	k := min(ceilDiv(cost, Milli), n)
 	if k == 0 {

@@ -84,7 +84,7 @@ type Store struct {
 // of a charge made at or before its key's reset gives nothing back, since
 // the reset forgot the charge, and what the key holds now was charged
 // since. A slot has no room for the time (the table keeps no more than
-// a decision needs), and resets are rare (the admin API's, a copy
+// a decision needs), and resets are rare (the admin API's, a local copy
 // following another instance's): the log is a small map beside the
 // table, that only Reset writes, and that an Undo reads only while any is
 // set.
@@ -191,17 +191,17 @@ func (s *Store) at(now int64) int64 {
 
 // Seed merges into key's state what d tells of the shared state that
 // made it, a decision another store (Redis) made for a request of cost,
-// which it charged if charged (see algorithms.Limit.Seed): the copy keeps
+// which it charged if charged (see algorithms.Limit.Seed): the local copy keeps
 // the more restrictive of the two, so that replies seeded in any order
 // never take it back. d.At is on the other store's clock, which s should
-// Follow. A key the store does not hold is added only if the copy is not
-// fresh. A concurrency store is not seeded.
+// Follow. A key the store does not hold is added only if the local copy
+// is not fresh. A concurrency store is not seeded.
 func (s *Store) Seed(key string, d algorithms.Decision, cost int64, charged bool) {
 	s.setCopy(key, d, cost, charged, false)
 }
 
 // Reseed sets key's state to a copy of the shared state that made d,
-// whatever the copy held (see algorithms.Limit.Reseed): what a copy
+// whatever the local copy held (see algorithms.Limit.Reseed): what a local copy
 // follows after the key was reset on the other store, d being a look at
 // its state since. A charge made at or before d.At gives nothing back
 // since (see Undo): the reset gave it back.
@@ -211,7 +211,7 @@ func (s *Store) Reseed(key string, d algorithms.Decision) {
 
 // setCopy merges d into key's state, or with reseed sets the state from d,
 // under its shard's lock. A key the store does not hold is added only if
-// the copy is not fresh.
+// the local copy is not fresh.
 func (s *Store) setCopy(key string, d algorithms.Decision, cost int64, charged, reseed bool) {
 	if s.limit.Kind == algorithms.Concurrency {
 		return
@@ -220,7 +220,7 @@ func (s *Store) setCopy(key string, d algorithms.Decision, cost int64, charged, 
 	sh.mu.Lock()
 	if reseed {
 		// A charge made before d, and before the reset, is not the
-		// copy's to give back (see Undo).
+		// local copy's to give back (see Undo).
 		s.resets.record(key, d.At, storage.Horizon(&s.limit))
 	}
 	i := sh.find(h, tag)

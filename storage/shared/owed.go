@@ -1,11 +1,13 @@
-// Package shared is the runtime of a store that several Caddy instances
-// share (Redis): what an instance keeps of the operations the shared store
-// could not hear, until it hears them.
+// Package shared is the store runtime: the one place a request's parts
+// are decided, settled and given back (Store), whichever store holds them,
+// and the runtime of a store that several Caddy instances share (Redis):
+// its client across reloads (Pool), each zone's limiter on it (Limiter),
+// the breaker and deadlines every call goes through (Runtime), the local
+// copy that decides while the shared store does not answer, and the
+// settlements it could not hear, kept until it does (Owed).
 //
-// It knows neither Caddy nor a Redis client: the caller gives it the call
-// that reaches the store (bounded by its deadline and breaker), the store's
-// clock, and how to tell a call that never reached the store from one
-// whose answer was lost.
+// It knows no Caddy: the root package provisions it from its config and
+// hands it the request's parts.
 package shared
 
 import (

@@ -1,28 +1,27 @@
-package tollgate
+package shared
 
 import (
 	"context"
 	"fmt"
 	"sync"
 
-	"github.com/caddyserver/caddy/v2"
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
 // redisLog takes go-redis's own log lines (one per failed dial, for
 // instance), which it would print as plain text to stderr, and writes them
-// through Caddy's logger, structured and at most one line per
-// logThrottleInterval with the count of the lines held back.
+// through a logger, structured and at most one line per LogInterval with
+// the count of the lines held back.
 type redisLog struct {
 	logger   func() *zap.Logger
 	now      func() int64
-	throttle logThrottle
+	throttle LogThrottle
 }
 
 // Printf implements go-redis's logging interface.
 func (l *redisLog) Printf(_ context.Context, format string, v ...any) {
-	suppressed, ok := l.throttle.allow(l.now(), logThrottleInterval)
+	suppressed, ok := l.throttle.Allow(l.now(), LogInterval)
 	if !ok {
 		return
 	}
@@ -30,15 +29,14 @@ func (l *redisLog) Printf(_ context.Context, format string, v ...any) {
 		zap.Int64("suppressed", suppressed))
 }
 
-// redisLogOnce routes go-redis's log, which is one per process, to Caddy's
-// logger when the first Redis storage is provisioned.
+// redisLogOnce routes go-redis's log, which is one per process, once.
 var redisLogOnce sync.Once
 
-func routeRedisLog() {
+// RouteRedisLog routes go-redis's log to the logger that logger returns
+// when it logs, the first time it is called (go-redis's log is one per
+// process).
+func RouteRedisLog(logger func() *zap.Logger) {
 	redisLogOnce.Do(func() {
-		goredis.SetLogger(&redisLog{
-			logger: func() *zap.Logger { return caddy.Log().Named("http.handlers.rate_limit.redis") },
-			now:    monotonicMicros,
-		})
+		goredis.SetLogger(&redisLog{logger: logger, now: Micros})
 	})
 }

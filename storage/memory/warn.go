@@ -1,15 +1,14 @@
-package tollgate
+package memory
 
 import (
 	"fmt"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
-	"github.com/caddy-tollgate/tollgate/storage/memory"
 )
 
 // logEntryBytes is what a full sliding_log holds per event: one
-// timestamp. The rest of a key's memory is memory.BytesPerKey.
+// timestamp. The rest of a key's memory is BytesPerKey.
 const logEntryBytes = 8
 
 // memoryWarnBytes is the worst-case memory per zone above which a zone on
@@ -24,25 +23,25 @@ const memoryWarnBytes = 4 << 30
 func worstCaseBytes(z storage.Zone) int64 {
 	keys := int64(z.MaxKeys)
 	if keys <= 0 {
-		keys = memory.DefaultMaxKeys
+		keys = DefaultMaxKeys
 	}
-	per := memory.BytesPerKey(z.Limit.Kind)
+	per := BytesPerKey(z.Limit.Kind)
 	if z.Limit.Kind == algorithms.SlidingLog {
 		per += logEntryBytes * z.Limit.Events
 	}
 	return keys * per
 }
 
-// memoryBoundWarning returns a warning when a zone's worst case passes
+// BoundWarning returns a warning when a zone's worst case passes
 // memoryWarnBytes, naming what to lower; "" otherwise.
-func memoryBoundWarning(z storage.Zone) string {
+func BoundWarning(z storage.Zone) string {
 	worst := worstCaseBytes(z)
 	if worst <= memoryWarnBytes {
 		return ""
 	}
 	keys := z.MaxKeys
 	if keys <= 0 {
-		keys = memory.DefaultMaxKeys
+		keys = DefaultMaxKeys
 	}
 	hint := "lower max_keys"
 	if z.Limit.Kind == algorithms.SlidingLog {
@@ -50,11 +49,4 @@ func memoryBoundWarning(z storage.Zone) string {
 	}
 	return fmt.Sprintf("zone %s: max_keys %d can hold up to %.1f GiB in memory (%d bytes per key at worst); %s",
 		z.Name, keys, float64(worst)/(1<<30), worst/int64(keys), hint)
-}
-
-// warnMemoryBound logs memoryBoundWarning for a zone on the memory store.
-func (h *Handler) warnMemoryBound(z storage.Zone) {
-	if msg := memoryBoundWarning(z); msg != "" {
-		h.logger.Warn(msg)
-	}
 }
