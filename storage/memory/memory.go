@@ -158,8 +158,7 @@ func New(z storage.Zone) *Store {
 	}
 	s := &Store{limit: z.Limit, seed: maphash.MakeSeed(), tagSeed: maphash.MakeSeed(), maxKeys: maxKeys, mask: uint64(n - 1)}
 	for i := range s.shards {
-		s.shards[i].stride = strideOf(z.Limit.Kind)
-		s.shards[i].log = z.Limit.Kind == algorithms.SlidingLog
+		s.shards[i].init(&z.Limit)
 	}
 	return s
 }
@@ -266,9 +265,10 @@ type hashed struct{ h, tag uint64 }
 
 // takeLocked decides a request of cost for the key k in sh at now, as
 // Take does, sh.mu held; elsewhere is insert's. It is the hot path of
-// every decision: it loads and stores the slot's words itself, as
-// shard.load and shard.store do, which saves about 12 ns of a hot key's 80
-// (the helpers, inlined, still take the slot apart twice).
+// every decision: it loads and stores a bucket's or a packed window's
+// words itself, as shard.load and shard.store do, which saves about 12 ns
+// of a hot key's 80 (the helpers, inlined, still take the slot apart
+// twice).
 func (s *Store) takeLocked(sh *shard, k hashed, now, cost int64) (d algorithms.Decision, elsewhere bool) {
 	now = s.at(now)
 	i := sh.find(k.h, k.tag)
@@ -278,20 +278,23 @@ func (s *Store) takeLocked(sh *shard, k hashed, now, cost int64) (d algorithms.D
 		i, elsewhere = s.insert(sh, k.h, k.tag)
 	}
 	w := sh.slot(i)
-	st := algorithms.State{At: int64(w[2]), Level: int64(w[3])}
-	if len(w) == windowStride {
-		st.Prev, st.Head = int64(w[4]), int64(w[5])
-	}
-	if sh.log {
-		st.Log = sh.logs[i]
-	}
-	d = s.limit.Take(&st, now, cost)
-	w[2], w[3] = uint64(st.At), uint64(st.Level)
-	if len(w) == windowStride {
-		w[4], w[5] = uint64(st.Prev), uint64(st.Head)
-	}
-	if sh.log {
-		sh.logs[i] = st.Log
+	switch {
+	case sh.packed:
+		st := unpack(w)
+		d = s.limit.Take(&st, now, cost)
+		if fits(&st) {
+			pack(w, &st)
+		} else {
+			sh.store(i, w, &st)
+		}
+	case len(w) == bucketStride:
+		st := algorithms.State{At: int64(w[2]), Level: int64(w[3])}
+		d = s.limit.Take(&st, now, cost)
+		w[2], w[3] = uint64(st.At), uint64(st.Level)
+	default:
+		st := sh.load(i, w)
+		d = s.limit.Take(&st, now, cost)
+		sh.store(i, w, &st)
 	}
 	return d, elsewhere
 }
