@@ -6,7 +6,8 @@
 // Each shard is its own open-addressing table (linear probing, deletion by
 // backward shift) of fixed slots that hold everything a decision needs:
 // the key's two hashes, which stand for the key, and its state, 32 bytes
-// for the bucket family and 48 for the others (see table.go). A decision
+// for every algorithm but sliding_log and a calendar window, whose slots
+// are 48 (see table.go). A decision
 // hashes its key, locks its shard, and reads and writes one slot: in a
 // server, where the store's memory is mostly out of the processor's
 // caches by the next request, that is one cache miss, where an entry
