@@ -257,7 +257,8 @@ func CostMilli(cost float64) (int64, bool) {
 // of a grant (the store follows the grants of the store it copies) then
 // keeps the previous window's count in Prev alone, until the window
 // ends. The grant is not a field of its own so that a memory store's
-// entry keeps to two cache lines.
+// slot stays small (32 bytes for an epoch-aligned window: see
+// storage/memory/table.go).
 //
 // A sliding_log's ring grows with its entries, from none.
 type State struct {

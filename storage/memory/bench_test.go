@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"runtime"
 	"strconv"
@@ -36,11 +37,10 @@ func benchKey(i int) string {
 	return "10." + strconv.Itoa(i>>16) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)
 }
 
-// benchTake runs one BenchmarkTake case: nkeys keys inserted, then taken
-// in a random order, one goroutine or parallel.
-func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel bool) {
-	l := benchLimit(b, kind)
-	s := New(storage.Zone{Name: "bench", Limit: l})
+// benchStore is a store of kind holding nkeys keys, the keys, and a
+// random order to take them in (indexes into keys).
+func benchStore(b *testing.B, kind algorithms.Kind, nkeys int) (*Store, []string, []int32) {
+	s := New(storage.Zone{Name: "bench", Limit: benchLimit(b, kind)})
 	keys := make([]string, nkeys)
 	ctx := context.Background()
 	for i := range keys {
@@ -52,6 +52,14 @@ func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel bool) {
 	for i := range order {
 		order[i] = int32(rng.IntN(nkeys))
 	}
+	return s, keys, order
+}
+
+// benchTake runs one BenchmarkTake case: nkeys keys inserted, then taken
+// in a random order, one goroutine or parallel.
+func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel bool) {
+	s, keys, order := benchStore(b, kind, nkeys)
+	ctx := context.Background()
 	// The clock is the handler's business: the store is given now. It
 	// advances 1µs a decision, as under a million decisions a second.
 	var clock atomic.Int64
@@ -73,6 +81,72 @@ func benchTake(b *testing.B, kind algorithms.Kind, nkeys int, parallel bool) {
 			i++
 			s.Take(ctx, keys[order[i&(len(order)-1)]], clock.Add(1), algorithms.Milli)
 		}
+	})
+}
+
+// BenchmarkFloor measures what BenchmarkTake's memory costs a decision
+// at 100,000 and 1,000,000 keys, without the decision: read=none is the
+// harness alone (the key read from its place among the others, its hash,
+// the clock); read=slot adds one plain read of the key's home slot in a
+// store's own tables, filled as BenchmarkTake fills them, with no lock,
+// no tag, no probe and no algorithm. Each read's value picks the next
+// key (it adds 0, which the compiler cannot know), so that one read's
+// miss never overlaps the next one's, as a decision's lock keeps them
+// from overlapping. Where the tables are far larger than the
+// processor's caches, that one read (a miss in the cache, and mostly in
+// the TLB too) is the floor under a decision: BenchmarkTake's figure at
+// 1,000,000 keys over its figure at 100,000 is not expected below this
+// benchmark's ratio.
+func BenchmarkFloor(b *testing.B) {
+	for _, read := range []string{"none", "slot"} {
+		for _, keys := range []int{100_000, 1_000_000} {
+			for _, mode := range []string{"serial", "parallel"} {
+				b.Run(fmt.Sprintf("read=%s/keys=%d/%s", read, keys, mode), func(b *testing.B) {
+					benchFloor(b, keys, read == "slot", mode == "parallel")
+				})
+			}
+		}
+	}
+}
+
+// benchFloor runs one BenchmarkFloor case, with BenchmarkTake's keys,
+// order and clock.
+func benchFloor(b *testing.B, nkeys int, slot, parallel bool) {
+	s, keys, order := benchStore(b, algorithms.TokenBucket, nkeys)
+	// The tables are not written from here on: reading them unlocked is
+	// no race.
+	read := func(key string) uint64 {
+		h := maphash.String(s.seed, key)
+		if !slot {
+			return h >> 1
+		}
+		sh := &s.shards[h&s.mask]
+		return sh.words[home(h, sh.size-1)*sh.stride+2]
+	}
+	var clock atomic.Int64
+	var sink atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	if !parallel {
+		var sum, v uint64
+		for i := 0; b.Loop(); i++ {
+			i += int(v >> 63) // 0: times and hashes here are below 2^63
+			v = read(keys[order[i&(len(order)-1)]])
+			sum += v
+		}
+		sink.Add(sum)
+		return
+	}
+	var seq atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(seq.Add(1)) * 7919
+		var sum, v uint64
+		for pb.Next() {
+			i += 1 + int(v>>63)
+			v = read(keys[order[i&(len(order)-1)]]) + uint64(clock.Add(1))
+			sum += v
+		}
+		sink.Add(sum)
 	})
 }
 

@@ -173,11 +173,24 @@ func TestDecisionsAllocateNothing(t *testing.T) {
 // up to what the same number of takes admit one after another. Each
 // phase's admissions, and each key's state after it, must match a
 // reference run on a plain State: a decision whose update was lost to
-// another would admit too many.
+// another would admit too many. The windows run twice: with counts a
+// packed slot holds, and with 10 million events and costs of 100,000,
+// whose counts pass 2^32 milli-units within the first phase, so that
+// shards widen while other goroutines wait on them.
 func TestConcurrentTakesMatchReference(t *testing.T) {
 	const workers, keys, takes = 8, 5, 40
+	type config struct {
+		kind         algorithms.Kind
+		events, cost int64
+	}
+	var configs []config
 	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.SlidingLog, algorithms.FixedWindow, algorithms.LeakyBucket} {
-		l := mustLimit(t, kind, 60, 10*time.Second)
+		configs = append(configs, config{kind, 60, algorithms.Milli})
+	}
+	configs = append(configs, config{algorithms.SlidingWindow, 10_000_000, 100_000 * algorithms.Milli}, config{algorithms.FixedWindow, 10_000_000, 100_000 * algorithms.Milli})
+	for _, c := range configs {
+		kind, cost := c.kind, c.cost
+		l := mustLimit(t, kind, c.events, 10*time.Second)
 		s := New(storage.Zone{Name: "z", Limit: l})
 		ref := make([]algorithms.State, keys)
 		now := 1000 * sec
@@ -191,7 +204,7 @@ func TestConcurrentTakesMatchReference(t *testing.T) {
 					defer wg.Done()
 					for i := 0; i < takes; i++ {
 						k := (g + i) % keys
-						if d, _ := s.Take(context.Background(), "key-"+strconv.Itoa(k), now, algorithms.Milli); d.Allowed {
+						if d, _ := s.Take(context.Background(), "key-"+strconv.Itoa(k), now, cost); d.Allowed {
 							admitted[k].Add(1)
 						}
 					}
@@ -201,7 +214,7 @@ func TestConcurrentTakesMatchReference(t *testing.T) {
 			for k := 0; k < keys; k++ {
 				want := int64(0)
 				for i := 0; i < workers*takes/keys; i++ {
-					if l.Take(&ref[k], now, algorithms.Milli).Allowed {
+					if l.Take(&ref[k], now, cost).Allowed {
 						want++
 					}
 				}
@@ -211,6 +224,13 @@ func TestConcurrentTakesMatchReference(t *testing.T) {
 				got, _, _ := s.Peek(context.Background(), "key-"+strconv.Itoa(k), now)
 				if wantD := l.Peek(&ref[k], now, algorithms.Milli); got != wantD {
 					t.Fatalf("%s phase %d key %d: Peek %+v, reference %+v", kind, phase, k, got, wantD)
+				}
+			}
+		}
+		if packs(&l) && cost > algorithms.Milli {
+			for i := range s.shards {
+				if sh := &s.shards[i]; sh.n > 0 && sh.packed {
+					t.Errorf("%s, cost %d: a shard of %d keys still packed, want every shard with a key widened", kind, cost, sh.n)
 				}
 			}
 		}

@@ -7,28 +7,53 @@ import (
 )
 
 // A shard's table is one slice of words, a slot every stride words, with
-// no pointer in it (the collector never scans it), laid out as
+// no pointer in it (the collector never scans it), in one of three
+// layouts:
 //
+//	bucket family (32 bytes):
 //	word 0: the key's hash (its shard's bits low, its home slot's above)
 //	word 1: the key's tag, a second hash of the key, seeded apart, with
 //	        bit 0 set (the slot is used) and bit 1 the CLOCK bit (used
 //	        since the hand last came by)
 //	word 2, 3: the state's At and Level
-//	word 4, 5: the state's Prev and Head (not for the bucket family)
 //
-// so a bucket-family slot is 32 bytes, two to a cache line, and any
-// other 48. A key is its two hashes, 126 bits: two keys that agree on
-// both share a state. With the hashes seeded at random for each store,
-// that is about one chance in 2^85 for a zone's whole million keys, far
-// below the odds of a memory error; a client cannot aim for it without
-// the seeds. A sliding_log's ring, which grows with its entries, is kept
-// beside the table, in logs, slot for slot.
+//	packed window (32 bytes: fixed_window without a calendar, and
+//	sliding_window):
+//	word 0: the hash
+//	word 1: the tag's low 32 bits (its two flag bits as above) and, in
+//	        the high 32, the state's Level
+//	word 2: the state's At
+//	word 3: the state's Prev (low 32 bits) and Head (high 32, signed)
+//
+//	wide (48 bytes: sliding_log, a calendar window, and a packed table
+//	that was given a state its fields cannot hold):
+//	words 0 to 3 as the bucket family's; word 4, 5: Prev and Head
+//
+// so that every slot but a sliding_log's is 32 bytes: two to a cache
+// line, and never across two (the tables of 8 slots or more are
+// allocated in size classes that are multiples of 256 bytes, or whole
+// pages, each aligned to its size). A packed window holds a count of
+// up to 2^32-1 milli-units (4.29 million events) and a grant of up to
+// 2^31-1 (2.1 million events), far above most windows' limits: a state
+// beyond them (a zone of more events, a large grant, a large debt owed
+// by a settlement) widens its shard's table to 48-byte slots for good,
+// in one pass as a resize does, so that nothing is ever rounded or
+// capped. A key is its two hashes: 126 bits, or 94 in a packed table
+// (or one widened from one). Two keys that agree on all of them share a
+// state: with the hashes seeded at random for each store, that is about
+// one chance in 2^55 for a zone's whole million keys at 94 bits (2^87 at
+// 126), far below the odds of a memory error; a client cannot aim for it
+// without the seeds. A sliding_log's ring, which grows with its entries,
+// is kept beside the table, in logs, slot for slot.
 const (
 	usedBit = 1
 	refBit  = 2
 
-	bucketStride = 4 // words a slot of the bucket family holds
-	windowStride = 6 // words a slot of any other kind holds
+	bucketStride = 4 // words a slot of the bucket family or a packed window holds
+	windowStride = 6 // words a wide slot holds
+
+	// packedTag is the part of word 1 that a packed slot's tag keeps.
+	packedTag = 1<<32 - 1
 )
 
 // maxFill is how full, in sixteenths, a table may be before it doubles:
@@ -40,9 +65,10 @@ const maxFill = 13
 
 // BytesPerKey is the most heap a key of a zone of kind holds in the
 // store, a sliding_log's ring aside: its slot (and a sliding_log's ring
-// header) over the least fill a growing table has, 13/32. A key's bytes
-// are not kept. A table is sized by the most keys its shard has held
-// since it last shrank.
+// header) over the least fill a growing table has, 13/32; for the
+// windows, a wide slot's (a packed table may widen). A key's bytes are
+// not kept. A table is sized by the most keys its shard has held since
+// it last shrank.
 func BytesPerKey(kind algorithms.Kind) int64 {
 	slot := int64(strideOf(kind)) * 8
 	if kind == algorithms.SlidingLog {
@@ -51,14 +77,26 @@ func BytesPerKey(kind algorithms.Kind) int64 {
 	return (slot*32 + maxFill - 1) / maxFill
 }
 
-// strideOf is how many words a slot of kind holds: the bucket family's
-// state is At and Level only.
+// strideOf is how many words a slot of kind holds at most: the bucket
+// family's state is At and Level only.
 func strideOf(k algorithms.Kind) int {
 	switch k {
 	case algorithms.TokenBucket, algorithms.GCRA, algorithms.LeakyBucket:
 		return bucketStride
 	}
 	return windowStride
+}
+
+// packs reports whether a table for l starts packed: the windows without
+// a calendar (a calendar window keeps its end, a time, in Prev).
+func packs(l *algorithms.Limit) bool {
+	return (l.Kind == algorithms.FixedWindow || l.Kind == algorithms.SlidingWindow) && l.Calendar.Unit == algorithms.NoUnit
+}
+
+// fits reports whether a packed slot holds s: Level and Prev in 32 bits
+// unsigned, Head in 32 signed.
+func fits(s *algorithms.State) bool {
+	return uint64(s.Level)|uint64(s.Prev) <= 1<<32-1 && s.Head == int64(int32(s.Head))
 }
 
 // shard is one table of a store, guarded by mu: size is 0 or a power of
@@ -74,8 +112,19 @@ type shard struct {
 	n      int
 	hand   int
 	stride int
+	tags   uint64   // the bits of word 1 that are the tag and its used bit (refBit clear)
+	packed bool     // the slots are packed windows
 	log    bool     // the store is a sliding_log's: logs is kept
 	_      [64]byte // keep shards on separate cache lines
+}
+
+// init sets up an empty shard for a store of limit l.
+func (sh *shard) init(l *algorithms.Limit) {
+	sh.stride, sh.tags, sh.packed = strideOf(l.Kind), ^uint64(refBit), false
+	if packs(l) {
+		sh.stride, sh.tags, sh.packed = bucketStride, packedTag&^refBit, true
+	}
+	sh.log = l.Kind == algorithms.SlidingLog
 }
 
 // home is the slot where a probe for hash h starts, in a table of mask+1
@@ -90,14 +139,15 @@ func (sh *shard) find(h, tag uint64) int {
 	if sh.size == 0 {
 		return -1
 	}
-	mask, w, st := sh.size-1, sh.words, sh.stride
+	mask, w, st, m := sh.size-1, sh.words, sh.stride, sh.tags
+	tag &= m
 	for i := home(h, mask); ; i = (i + 1) & mask {
 		b := i * st
 		t := w[b+1]
 		if t == 0 {
 			return -1
 		}
-		if w[b] == h && t&^refBit == tag {
+		if w[b] == h && t&m == tag {
 			return i
 		}
 	}
@@ -125,6 +175,9 @@ func (sh *shard) state(i int) algorithms.State {
 // load returns the state in w, slot i's words (see slot). sh.mu must be
 // held.
 func (sh *shard) load(i int, w []uint64) algorithms.State {
+	if sh.packed {
+		return unpack(w)
+	}
 	s := algorithms.State{At: int64(w[2]), Level: int64(w[3])}
 	if len(w) == windowStride {
 		s.Prev, s.Head = int64(w[4]), int64(w[5])
@@ -135,13 +188,36 @@ func (sh *shard) load(i int, w []uint64) algorithms.State {
 	return s
 }
 
+// unpack returns the state in a packed slot's words w.
+func unpack(w []uint64) algorithms.State {
+	_ = w[3]
+	return algorithms.State{At: int64(w[2]), Level: int64(w[1] >> 32), Prev: int64(uint32(w[3])), Head: int64(int32(w[3] >> 32))}
+}
+
+// pack stores s, which fits, in a packed slot's words w.
+func pack(w []uint64, s *algorithms.State) {
+	_ = w[3]
+	w[1] = uint64(uint32(w[1])) | uint64(s.Level)<<32
+	w[2] = uint64(s.At)
+	w[3] = uint64(uint32(s.Prev)) | uint64(s.Head)<<32
+}
+
 // setState stores s in slot i. sh.mu must be held.
 func (sh *shard) setState(i int, s *algorithms.State) {
 	sh.store(i, sh.slot(i), s)
 }
 
-// store stores s in w, slot i's words (see slot). sh.mu must be held.
+// store stores s in w, slot i's words (see slot), widening a packed
+// table that cannot hold it. sh.mu must be held.
 func (sh *shard) store(i int, w []uint64, s *algorithms.State) {
+	if sh.packed {
+		if fits(s) {
+			pack(w, s)
+			return
+		}
+		sh.widen()
+		w = sh.slot(i)
+	}
 	w[2], w[3] = uint64(s.At), uint64(s.Level)
 	if len(w) == windowStride {
 		w[4], w[5] = uint64(s.Prev), uint64(s.Head)
@@ -165,9 +241,27 @@ func (sh *shard) add(h, tag uint64) int {
 		i = (i + 1) & mask
 	}
 	b := i * st
-	sh.words[b], sh.words[b+1] = h, tag|refBit
+	sh.words[b], sh.words[b+1] = h, tag&sh.tags|refBit
 	sh.n++
 	return i
+}
+
+// widen moves a packed table's keys to wide slots, in place: same size,
+// same places, the tags as short as they were. sh.mu must be held.
+func (sh *shard) widen() {
+	old := sh.words
+	sh.words = make([]uint64, sh.size*windowStride)
+	for i := 0; i < sh.size; i++ {
+		o := old[i*bucketStride : (i+1)*bucketStride]
+		if o[1] == 0 {
+			continue
+		}
+		s := unpack(o)
+		w := sh.words[i*windowStride : (i+1)*windowStride]
+		w[0], w[1] = o[0], uint64(uint32(o[1]))
+		w[2], w[3], w[4], w[5] = uint64(s.At), uint64(s.Level), uint64(s.Prev), uint64(s.Head)
+	}
+	sh.stride, sh.packed = windowStride, false
 }
 
 // resize moves sh's keys to a table of size slots, a power of two above

@@ -6,8 +6,10 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
 )
 
 // checkTable checks a shard's table: its size, its count, and that every
@@ -19,6 +21,14 @@ func checkTable(t *testing.T, sh *shard) {
 	}
 	if len(sh.words) != sh.size*sh.stride || sh.log && len(sh.logs) != sh.size {
 		t.Fatalf("table of %d slots has %d words of stride %d, %d logs", sh.size, len(sh.words), sh.stride, len(sh.logs))
+	}
+	if sh.packed && sh.stride != bucketStride {
+		t.Fatalf("packed table of stride %d", sh.stride)
+	}
+	// A 32-byte slot must not cross a cache line: the table starts on a
+	// multiple of 32 bytes.
+	if sh.stride == bucketStride && sh.size > 0 && uintptr(unsafe.Pointer(&sh.words[0]))%32 != 0 {
+		t.Fatalf("table of %d 32-byte slots at %p: not 32-byte aligned", sh.size, &sh.words[0])
 	}
 	used := 0
 	for i := 0; i < sh.size; i++ {
@@ -44,17 +54,37 @@ func checkTable(t *testing.T, sh *shard) {
 }
 
 // TestTableMatchesModel drives one shard's table with adds, state
-// writes, deletes, CLOCK evictions and shrinks against a Go map, for both
-// strides and a sliding_log's rings. The hashes are chosen, not computed:
-// a few homes in a small table, so that probe sequences collide, run into
-// each other and wrap around the table's end, and some keys share a whole
-// hash (the tag must tell them apart). Each key's state and log are its
-// own values: a key moved by a shift or a resize must keep them.
+// writes, deletes, CLOCK evictions and shrinks against a Go map, for every
+// layout: the bucket family's, a packed window's (whose states fit, and
+// one given a state that does not, which widens it midway), a calendar
+// window's wide slots, and a sliding_log's rings. The hashes are chosen,
+// not computed: a few homes in a small table, so that probe sequences
+// collide, run into each other and wrap around the table's end, and some
+// keys share a whole hash (the tag must tell them apart). Each key's state
+// and log are its own values: a key moved by a shift, a resize or a
+// widening must keep them.
 func TestTableMatchesModel(t *testing.T) {
-	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.SlidingWindow, algorithms.SlidingLog} {
+	calendar, err := algorithms.NewCalendarLimit(10, algorithms.Calendar{Unit: algorithms.Day, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		limit algorithms.Limit
+		widen bool // some states do not fit a packed slot
+	}{
+		{"token_bucket", mustLimit(t, algorithms.TokenBucket, 10, time.Second), false},
+		{"sliding_window", mustLimit(t, algorithms.SlidingWindow, 10, time.Second), false},
+		{"sliding_window/widened", mustLimit(t, algorithms.SlidingWindow, 10, time.Second), true},
+		{"fixed_window/calendar", calendar, false},
+		{"sliding_log", mustLimit(t, algorithms.SlidingLog, 10, time.Second), false},
+	} {
+		kind, widened := c.name, 0
 		for seed := uint64(0); seed < 200; seed++ {
 			rng := rand.New(rand.NewPCG(seed, 7))
-			sh := shard{stride: strideOf(kind), log: kind == algorithms.SlidingLog}
+			var sh shard
+			sh.init(&c.limit)
+			packed := sh.packed
 			model := map[int]algorithms.State{}
 			// 5 homes (above the shard's bits) and 2 keys a hash;
 			// homes near the end of an 8- or 16-slot table.
@@ -62,9 +92,16 @@ func TestTableMatchesModel(t *testing.T) {
 				return uint64(5+k/2%5)<<shardBits + 3, uint64(k)<<2 | usedBit
 			}
 			stateOf := func(k, v int) algorithms.State {
-				st := algorithms.State{At: int64(k), Level: int64(v)}
-				if sh.stride == windowStride {
-					st.Prev, st.Head = int64(-k), int64(v+k)
+				st := algorithms.State{At: int64(k) << 40, Level: int64(v)}
+				if c.limit.Kind != algorithms.TokenBucket {
+					// Within a packed slot's bounds, at both ends.
+					st.Prev, st.Head = int64(k)<<25, -int64(v+k)<<22
+					if k%2 == 0 {
+						st.Level, st.Head = 1<<32-1-int64(v), 1<<31-1-int64(k)
+					}
+				}
+				if c.widen && rng.IntN(40) == 0 {
+					st.Level = 1 << 32 // a packed slot's count cannot hold it
 				}
 				if sh.log {
 					st.Log = []int64{int64(k), int64(v)}
@@ -125,6 +162,15 @@ func TestTableMatchesModel(t *testing.T) {
 					}
 				}
 			}
+			if packed && !sh.packed {
+				if !c.widen {
+					t.Fatalf("%s seed %d: widened, with every state within a packed slot's bounds", kind, seed)
+				}
+				widened++
+			}
+		}
+		if c.widen && widened < 100 {
+			t.Fatalf("%s: %d of 200 runs widened their table, want most", kind, widened)
 		}
 	}
 }
@@ -135,6 +181,9 @@ func TestTableMatchesModel(t *testing.T) {
 // operations on a fake clock, and every field it leaves must come back
 // from its slot (a field dropped by a too-narrow slot would be zero).
 func TestSlotStride(t *testing.T) {
+	if fixed := mustLimit(t, algorithms.FixedWindow, 10, time.Second); !packs(&fixed) {
+		t.Fatal("want packed 32-byte slots for an epoch-aligned fixed_window")
+	}
 	if strideOf(algorithms.TokenBucket) != 4 || strideOf(algorithms.GCRA) != 4 || strideOf(algorithms.LeakyBucket) != 4 || strideOf(algorithms.SlidingWindow) != 6 {
 		t.Fatal("want 32-byte slots for the bucket family, 48 for the others")
 	}
@@ -218,4 +267,69 @@ func totalSlots(s *Store) int {
 		n += s.shards[i].size
 	}
 	return n
+}
+
+// TestPackedWindowsStayExact: a window zone of 10 million events in 10
+// seconds counts past what a packed slot holds (2^32 milli-units), and is
+// granted and owes more than that: every decision must still be the one
+// a plain State makes, so the shards given such states widen, and the
+// others stay packed.
+func TestPackedWindowsStayExact(t *testing.T) {
+	for _, kind := range []algorithms.Kind{algorithms.SlidingWindow, algorithms.FixedWindow} {
+		l := mustLimit(t, kind, 10_000_000, 10*time.Second)
+		s := New(storage.Zone{Name: "z", Limit: l})
+		ctx := context.Background()
+		const keys = 4
+		ref := make([]algorithms.State, keys)
+		taken := make([]algorithms.Decision, keys)
+		rng := rand.New(rand.NewPCG(uint64(kind), 3))
+		now := 1000 * sec
+		for step := 0; step < 3000; step++ {
+			now += int64(rng.IntN(2_000))
+			k := rng.IntN(keys)
+			key := "key-" + strconv.Itoa(k)
+			var got, want algorithms.Decision
+			switch op := rng.IntN(20); {
+			case op < 14:
+				cost := rng.Int64N(6_000_000_000)
+				got, _ = s.Take(ctx, key, now, cost)
+				want = l.Take(&ref[k], now, cost)
+				if got.Allowed {
+					taken[k] = got
+				}
+			case op < 16:
+				amount := rng.Int64N(1 << 36)
+				got, _ = s.Grant(ctx, key, now, amount)
+				want, _ = l.Grant(&ref[k], now, amount)
+			case op < 18:
+				actual := rng.Int64N(1 << 34)
+				s.Settle(ctx, key, now, 1000, actual, taken[k])
+				l.Settle(&ref[k], now, 1000, actual, taken[k])
+				got, _, _ = s.Peek(ctx, key, now)
+				want = l.Peek(&ref[k], now, algorithms.Milli)
+			default:
+				s.Undo(ctx, key, now, 2_000_000_000, taken[k])
+				l.Undo(&ref[k], now, 2_000_000_000, taken[k])
+				got, _, _ = s.Peek(ctx, key, now)
+				want = l.Peek(&ref[k], now, algorithms.Milli)
+			}
+			if got != want {
+				t.Fatalf("%s step %d, key %d: got %+v, want %+v", kind, step, k, got, want)
+			}
+		}
+		wide, packed := 0, 0
+		for i := range s.shards {
+			sh := &s.shards[i]
+			switch {
+			case sh.packed:
+				packed++
+			case sh.size > 0:
+				wide++
+				checkTable(t, sh)
+			}
+		}
+		if wide == 0 || packed == 0 {
+			t.Errorf("%s: %d shards widened, %d packed; want the shards of the keys widened, the others packed", kind, wide, packed)
+		}
+	}
 }

@@ -61,7 +61,7 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 	shards, hashes := shbuf[:0], hbuf[:0]
 	for i := range reqs {
 		h, tag, sh := reqs[i].Store.locate(reqs[i].Key)
-		shards, hashes = append(shards, sh), append(hashes, hashed{h, tag})
+		shards, hashes = append(shards, sh), append(hashes, hashed{h: h, tag: tag})
 	}
 	locked := lockAll(append(lockbuf[:0], shards...))
 
@@ -81,6 +81,9 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 		if j := shards[i].find(hashes[i].h, hashes[i].tag); j >= 0 {
 			shards[i].touch(j) // a rejection is a use too: see the package comment
 			st = shards[i].state(j)
+			// Its slot holds until the locks go: the take need not
+			// look again.
+			hashes[i].slot = j + 1
 		} else {
 			st = algorithms.NewState(&r.Store.limit)
 		}
@@ -104,7 +107,7 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 			b := banOf(reqs, i)
 			banned := b >= 0 && !ds[b].Allowed
 			if ds[i].Allowed && !banned && r.Store.limit.Kind != algorithms.Ban {
-				ds[i], elsewhere[i] = r.Store.takeLocked(shards[i], hashes[i], now, r.Cost)
+				elsewhere[i] = r.Store.takeLocked(shards[i], hashes[i], now, r.Cost, &ds[i])
 			}
 		}
 	}
