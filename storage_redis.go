@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"slices"
 	"strings"
@@ -163,6 +164,9 @@ type pooledRedis struct {
 		retired bool // no configuration uses it: close once held is 0
 	}
 	renewLog logThrottle // failed lease renewals: one line per interval
+	// waitedUnsent: a call's deadline with no network error means it
+	// never got a connection (see waitedForConn): not on a Cluster.
+	waitedUnsent bool
 }
 
 // Destruct closes the client when no configuration uses it any more, or,
@@ -247,7 +251,8 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	r.poolKey = redisPoolKey(opts, prefix, pipeline, functions)
 	v, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
 		c := goredis.NewUniversalClient(opts)
-		p := &pooledRedis{client: c, store: redisstore.New(c, prefix), keys: redisKeysOf(opts, prefix)}
+		_, cluster := c.(*goredis.ClusterClient)
+		p := &pooledRedis{client: c, store: redisstore.New(c, prefix), keys: redisKeysOf(opts, prefix), waitedUnsent: !cluster}
 		if pipeline {
 			p.store = redisstore.NewPipelined(c, prefix)
 		}
@@ -615,7 +620,7 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 // reached Redis is not kept: it may have been applied.
 func (l *redisLimiter) keep(key string, taken algorithms.Decision, give int64, err error) error {
 	s, ok := l.inner.(storage.Settler)
-	if !ok || !shared.Unsent(err) {
+	if !ok || !(shared.Unsent(err) || l.pool.waitedUnsent && waitedForConn(err)) {
 		return err
 	}
 	// Counted from now, not from taken.At: Redis's clock is not this
@@ -625,6 +630,19 @@ func (l *redisLimiter) keep(key string, taken algorithms.Decision, give int64, e
 		return fmt.Errorf("%w (not kept: the window has ended, or too many are kept)", err)
 	}
 	return nil
+}
+
+// waitedForConn reports whether err is the call's deadline, with no
+// network error, that ended before the call got a connection: go-redis
+// dials a new one in the background, trying a refused dial 5 times 100ms
+// apart, and returns the caller's context error if its deadline ends
+// first. A client of one server returns no other context error once it
+// has sent a call (it never retries), but a call that waited for its
+// pipeline's batch (marked ErrInFlight); a Cluster client retries, so
+// its context errors are not taken as unsent.
+func waitedForConn(err error) bool {
+	var opErr *net.OpError
+	return errors.Is(err, context.DeadlineExceeded) && !errors.As(err, &opErr) && !errors.Is(err, redisstore.ErrInFlight)
 }
 
 // Grant gives key extra quota for its current window on Redis (see
