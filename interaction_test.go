@@ -201,7 +201,10 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 		}
 		storage := ""
 		if redisAddr != "" {
-			storage = fmt.Sprintf("\t\t\tstorage redis {\n\t\t\t\taddresses %s\n\t\t\t\ttimeout %s\n\t\t\t\tpool_size %d\n\t\t\t}\n", redisAddr, s.timeout, s.poolSize+i)
+			// The second instance sends each call on its own
+			// (pipeline off), the first pipelines them (the default).
+			pipeline := map[bool]string{true: "on", false: "off"}[i == 1]
+			storage = fmt.Sprintf("\t\t\tstorage redis {\n\t\t\t\taddresses %s\n\t\t\t\ttimeout %s\n\t\t\t\tpool_size %d\n\t\t\t\tpipeline %s\n\t\t\t}\n", redisAddr, s.timeout, s.poolSize+i, pipeline)
 		} else {
 			storage = fmt.Sprintf("\t\t\tmax_keys %d\n", s.maxKeys)
 		}
@@ -466,7 +469,12 @@ func ixGenerate(seed int64, n int, redis bool) []ixStep {
 		case p < 35:
 			s.kind = "req"
 		case p < 36:
-			// 1%: a settle step takes about half a second on Redis.
+			// 0.5%: a settle step takes about 0.75s on Redis (a kill or
+			// a freeze), the rest of a round about 3s.
+			if rng.Intn(2) > 0 {
+				s.kind = "req"
+				break
+			}
 			s = ixGenerateSettle(rng, s, redis)
 		case p < 40:
 			s.kind, s.zone, s.n = "grant", ixGrantZones[rng.Intn(len(ixGrantZones))], 1+rng.Intn(3)
@@ -721,7 +729,29 @@ func contains(list []string, s string) bool {
 
 // hold starts a request that the upstream holds, and returns once it is in
 // flight (or was refused).
-func (r *ixRun) hold(s ixStep, step int) {
+func (r *ixRun) hold(s ixStep, step int) { r.held(r.startHold(s, step, r.outage)) }
+
+// ixStarted is a held request once started: in flight (h), or not; fault
+// says what went wrong.
+type ixStarted struct {
+	h     *ixHoldReq
+	fault string
+}
+
+// held records a started held request.
+func (r *ixRun) held(st ixStarted) {
+	if st.fault != "" {
+		r.failf("%s", st.fault)
+	}
+	if st.h != nil {
+		r.holds = append(r.holds, *st.h)
+	}
+}
+
+// startHold sends a held request (outage: while Redis does not answer)
+// and returns once it is in flight or was refused. It records nothing
+// (see held): several may start at once.
+func (r *ixRun) startHold(s ixStep, step int, outage bool) ixStarted {
 	ctx, cancel := context.WithCancel(context.Background())
 	id := fmt.Sprintf("%s%d", r.prefix, step)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.url(s.instance, "/hold"), nil)
@@ -731,7 +761,7 @@ func (r *ixRun) hold(s ixStep, step int) {
 	// connection to the old servers back in the client's pool would have
 	// a later request decided by the old config (see load).
 	req.Close = true
-	if r.outage {
+	if outage {
 		req.Header.Set("X-Outage", "1")
 	}
 	resp, err := r.tester.Client.Do(req)
@@ -745,20 +775,20 @@ func (r *ixRun) hold(s ixStep, step int) {
 	}
 	if err != nil {
 		cancel()
-		r.failf("step %d: %s: %v", step, s, err)
-		return
+		return ixStarted{fault: fmt.Sprintf("step %d: %s: %v", step, s, err)}
 	}
 	if resp.StatusCode != 200 {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		cancel()
 		if resp.StatusCode != 429 {
-			r.failf("step %d: %s: status %d", step, s, resp.StatusCode)
+			return ixStarted{fault: fmt.Sprintf("step %d: %s: status %d", step, s, resp.StatusCode)}
 		}
-		return
+		return ixStarted{}
 	}
+	var st ixStarted
 	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
-		r.failf("step %d: %s: reading the first line: %v", step, s, err)
+		st.fault = fmt.Sprintf("step %d: %s: reading the first line: %v", step, s, err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -766,7 +796,8 @@ func (r *ixRun) hold(s ixStep, step int) {
 		resp.Body.Close()
 		close(done)
 	}()
-	r.holds = append(r.holds, ixHoldReq{id: id, cancel: cancel, done: done})
+	st.h = &ixHoldReq{id: id, cancel: cancel, done: done}
+	return st
 }
 
 // end ends held request n (mod how many there are): released by the
@@ -990,9 +1021,22 @@ func (r *ixRun) do(s ixStep, step int) {
 			}
 			during = append(during, s2)
 		}
+		// The held requests go with the others: each waits for the
+		// timeout until the breaker opens (one after another, they took
+		// a third of the Redis half's time).
+		started := make([]ixStarted, len(holds))
+		var wg sync.WaitGroup
+		for i, h := range holds {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				started[i] = r.startHold(h, h.n, true) // a slot of this instance's own
+			}()
+		}
 		r.concurrently(during, step)
-		for _, h := range holds {
-			r.hold(h, h.n) // a slot of this instance's own
+		wg.Wait()
+		for _, st := range started {
+			r.held(st)
 		}
 		time.Sleep(s.d)
 		r.srv.Resume()

@@ -270,7 +270,7 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 			Retry:   shared.RetryEvery,
 			Now:     monotonicMicros,
 			Do:      func(fn func(context.Context) error) error { return p.rt.Call(context.Background(), fn) },
-			Unsent:  shared.Unsent,
+			Unsent:  p.unsent,
 			Hold:    p.acquire,
 			Release: p.release,
 			Logger:  r.logger,
@@ -620,7 +620,7 @@ func (l *redisLimiter) Undo(ctx context.Context, key string, now, cost int64, ta
 // reached Redis is not kept: it may have been applied.
 func (l *redisLimiter) keep(key string, taken algorithms.Decision, give int64, err error) error {
 	s, ok := l.inner.(storage.Settler)
-	if !ok || !(shared.Unsent(err) || l.pool.waitedUnsent && waitedForConn(err)) {
+	if !ok || !l.pool.unsent(err) {
 		return err
 	}
 	// Counted from now, not from taken.At: Redis's clock is not this
@@ -630,6 +630,13 @@ func (l *redisLimiter) keep(key string, taken algorithms.Decision, give int64, e
 		return fmt.Errorf("%w (not kept: the window has ended, or too many are kept)", err)
 	}
 	return nil
+}
+
+// unsent reports whether a call through p that failed with err surely
+// never ran on Redis: shared.Unsent, or a deadline that ended while the
+// call waited for a connection (see waitedForConn).
+func (p *pooledRedis) unsent(err error) bool {
+	return shared.Unsent(err) || p.waitedUnsent && waitedForConn(err)
 }
 
 // waitedForConn reports whether err is the call's deadline, with no
