@@ -76,6 +76,11 @@ func ixGenerateSettle(rng *rand.Rand, s ixStep, redis bool) ixStep {
 		sum += max(p.est, 1)
 		s.parts = append(s.parts, p)
 	}
+	if s.zone == "kill" {
+		// How long Redis stays down once the requests have ended: the
+		// kept settlements are tried again every 250ms meanwhile.
+		s.d = time.Duration(rng.Intn(1000)) * time.Millisecond
+	}
 	return s
 }
 
@@ -88,7 +93,11 @@ func ixSettleString(s ixStep) string {
 			parts = append(parts, fmt.Sprintf("i%d est=%d actual=%d stream=%v", p.instance, p.est, p.actual, p.stream))
 		}
 	}
-	return fmt.Sprintf("settle %s, held across a %s: %s", s.path, s.zone, strings.Join(parts, "; "))
+	fault := s.zone
+	if s.zone == "kill" {
+		fault += fmt.Sprintf(" (down %s more)", s.d)
+	}
+	return fmt.Sprintf("settle %s, held across a %s: %s", s.path, fault, strings.Join(parts, "; "))
 }
 
 // holdSettling holds a /login or /cost request until the test releases
@@ -221,6 +230,7 @@ func (r *ixRun) settle(s ixStep, step int) {
 		r.outages++
 		r.up.releaseSettling(ids)
 		collect("while Redis was down")
+		time.Sleep(s.d)
 		r.srv.Restart()
 		r.outage = false
 		r.backToRedis(step)
