@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -200,7 +201,10 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 		}
 		storage := ""
 		if redisAddr != "" {
-			storage = fmt.Sprintf("\t\t\tstorage redis {\n\t\t\t\taddresses %s\n\t\t\t\ttimeout %s\n\t\t\t\tpool_size %d\n\t\t\t}\n", redisAddr, s.timeout, s.poolSize+i)
+			// The second instance sends each call on its own
+			// (pipeline off), the first pipelines them (the default).
+			pipeline := map[bool]string{true: "on", false: "off"}[i == 1]
+			storage = fmt.Sprintf("\t\t\tstorage redis {\n\t\t\t\taddresses %s\n\t\t\t\ttimeout %s\n\t\t\t\tpool_size %d\n\t\t\t\tpipeline %s\n\t\t\t}\n", redisAddr, s.timeout, s.poolSize+i, pipeline)
 		} else {
 			storage = fmt.Sprintf("\t\t\tmax_keys %d\n", s.maxKeys)
 		}
@@ -222,10 +226,11 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 			}
 			reverse_proxy %s
 		}
-		@fail header X-Fail 1
-		respond @fail 401
+		handle /login {
+			reverse_proxy %s
+		}
 		respond "ok"
-	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"))
+	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"), strings.TrimPrefix(up, "http://"))
 	}
 	return cfg
 }
@@ -238,7 +243,10 @@ type ixUpstream struct {
 	mu    sync.Mutex
 	held  map[string]*ixHeld // by X-Hold id
 	seen  map[string]bool    // every X-Hold id that arrived
-	fault string             // the first violation seen
+	// settling are the /login and /cost requests held (see settle), by
+	// X-Hold id: closing one's channel lets it answer.
+	settling map[string]chan struct{}
+	fault    string // the first violation seen
 }
 
 type ixHeld struct {
@@ -248,10 +256,17 @@ type ixHeld struct {
 }
 
 func newIxUpstream(t *testing.T, slots int) *ixUpstream {
-	u := &ixUpstream{slots: slots, held: map[string]*ixHeld{}, seen: map[string]bool{}}
+	u := &ixUpstream{slots: slots, held: map[string]*ixHeld{}, seen: map[string]bool{}, settling: map[string]chan struct{}{}}
 	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/cost" {
-			ixUsage(w, r)
+		if r.URL.Path == "/cost" || r.URL.Path == "/login" {
+			if id := r.Header.Get("X-Hold"); id != "" {
+				u.holdSettling(r, id)
+			}
+			if r.URL.Path == "/cost" {
+				ixUsage(w, r)
+			} else if r.Header.Get("X-Fail") != "" {
+				w.WriteHeader(http.StatusUnauthorized) // a failed login
+			}
 			return
 		}
 		h := &ixHeld{key: r.Header.Get("X-Client"), instance: r.Header.Get("X-Instance"),
@@ -379,7 +394,7 @@ var ixDefaults = ixSettings{jitter: "0", maxKeys: 1000, poolSize: 8, timeout: "5
 
 // ixStep is one step of a sequence, generated from the seed.
 type ixStep struct {
-	kind     string // req, burst, hold, release, leave, advance, reset, unban, grant, reload, pause, restart
+	kind     string // req, burst, hold, release, leave, advance, reset, unban, grant, reload, pause, restart, settle
 	instance int
 	path     string
 	key      int
@@ -394,6 +409,10 @@ type ixStep struct {
 	d           time.Duration
 	zone        string
 	settings    ixSettings
+	// A settle step's requests (of path, each on its instance, failing
+	// a login with cost 2, with est and actual), held across the fault
+	// named by zone: reload, kill or freeze.
+	parts []ixStep
 }
 
 func (s ixStep) String() string {
@@ -415,6 +434,8 @@ func (s ixStep) String() string {
 		return fmt.Sprintf("grant %s k%d %d, then i%d.. cost=%d until refused", s.zone, s.key, s.n, s.instance, s.cost)
 	case "reload":
 		return fmt.Sprintf("reload %+v", s.settings)
+	case "settle":
+		return ixSettleString(s)
 	case "pause":
 		return fmt.Sprintf("pause %d requests, reset k%d in %s=%v, for %s", s.n, s.key, s.zone, s.cost > 0, s.d)
 	}
@@ -445,8 +466,16 @@ func ixGenerate(seed int64, n int, redis bool) []ixStep {
 		}
 		s.path = ixPaths[rng.Intn(len(ixPaths))]
 		switch {
-		case p < 36:
+		case p < 35:
 			s.kind = "req"
+		case p < 36:
+			// 0.5%: a settle step takes about 0.75s on Redis (a kill or
+			// a freeze), the rest of a round about 3s.
+			if rng.Intn(2) > 0 {
+				s.kind = "req"
+				break
+			}
+			s = ixGenerateSettle(rng, s, redis)
 		case p < 40:
 			s.kind, s.zone, s.n = "grant", ixGrantZones[rng.Intn(len(ixGrantZones))], 1+rng.Intn(3)
 		case p < 50:
@@ -543,6 +572,13 @@ type ixRun struct {
 	// What the runs exercised, for the log: admissions of a settled zone
 	// that owed an excess, grants made, admissions of a calendar zone.
 	owing, granted, calendar, steps int
+	// settled are the keys of settle steps and what their state must
+	// show, checked again after later steps; settles counts the settle
+	// steps, excused the settlements a freeze may have lost.
+	settled          []ixSettled
+	settles, excused int
+	took             map[string]time.Duration // by step kind, for the log
+	redisDir         string                   // where Redis keeps its append-only file
 }
 
 // ixGrant is a grant made to a key: its amount counts in the window that
@@ -693,7 +729,29 @@ func contains(list []string, s string) bool {
 
 // hold starts a request that the upstream holds, and returns once it is in
 // flight (or was refused).
-func (r *ixRun) hold(s ixStep, step int) {
+func (r *ixRun) hold(s ixStep, step int) { r.held(r.startHold(s, step, r.outage)) }
+
+// ixStarted is a held request once started: in flight (h), or not; fault
+// says what went wrong.
+type ixStarted struct {
+	h     *ixHoldReq
+	fault string
+}
+
+// held records a started held request.
+func (r *ixRun) held(st ixStarted) {
+	if st.fault != "" {
+		r.failf("%s", st.fault)
+	}
+	if st.h != nil {
+		r.holds = append(r.holds, *st.h)
+	}
+}
+
+// startHold sends a held request (outage: while Redis does not answer)
+// and returns once it is in flight or was refused. It records nothing
+// (see held): several may start at once.
+func (r *ixRun) startHold(s ixStep, step int, outage bool) ixStarted {
 	ctx, cancel := context.WithCancel(context.Background())
 	id := fmt.Sprintf("%s%d", r.prefix, step)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.url(s.instance, "/hold"), nil)
@@ -703,7 +761,7 @@ func (r *ixRun) hold(s ixStep, step int) {
 	// connection to the old servers back in the client's pool would have
 	// a later request decided by the old config (see load).
 	req.Close = true
-	if r.outage {
+	if outage {
 		req.Header.Set("X-Outage", "1")
 	}
 	resp, err := r.tester.Client.Do(req)
@@ -717,20 +775,20 @@ func (r *ixRun) hold(s ixStep, step int) {
 	}
 	if err != nil {
 		cancel()
-		r.failf("step %d: %s: %v", step, s, err)
-		return
+		return ixStarted{fault: fmt.Sprintf("step %d: %s: %v", step, s, err)}
 	}
 	if resp.StatusCode != 200 {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		cancel()
 		if resp.StatusCode != 429 {
-			r.failf("step %d: %s: status %d", step, s, resp.StatusCode)
+			return ixStarted{fault: fmt.Sprintf("step %d: %s: status %d", step, s, resp.StatusCode)}
 		}
-		return
+		return ixStarted{}
 	}
+	var st ixStarted
 	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
-		r.failf("step %d: %s: reading the first line: %v", step, s, err)
+		st.fault = fmt.Sprintf("step %d: %s: reading the first line: %v", step, s, err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -738,7 +796,8 @@ func (r *ixRun) hold(s ixStep, step int) {
 		resp.Body.Close()
 		close(done)
 	}()
-	r.holds = append(r.holds, ixHoldReq{id: id, cancel: cancel, done: done})
+	st.h = &ixHoldReq{id: id, cancel: cancel, done: done}
+	return st
 }
 
 // end ends held request n (mod how many there are): released by the
@@ -962,9 +1021,22 @@ func (r *ixRun) do(s ixStep, step int) {
 			}
 			during = append(during, s2)
 		}
+		// The held requests go with the others: each waits for the
+		// timeout until the breaker opens (one after another, they took
+		// a third of the Redis half's time).
+		started := make([]ixStarted, len(holds))
+		var wg sync.WaitGroup
+		for i, h := range holds {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				started[i] = r.startHold(h, h.n, true) // a slot of this instance's own
+			}()
+		}
 		r.concurrently(during, step)
-		for _, h := range holds {
-			r.hold(h, h.n) // a slot of this instance's own
+		wg.Wait()
+		for _, st := range started {
+			r.held(st)
 		}
 		time.Sleep(s.d)
 		r.srv.Resume()
@@ -977,8 +1049,17 @@ func (r *ixRun) do(s ixStep, step int) {
 		}
 		r.outage = false
 		r.backToRedis(step)
+	case "settle":
+		r.settle(s, step)
 	case "restart":
+		// A Redis that loses its data: killed, its append-only file
+		// removed (a settle step's kill keeps it).
+		r.srv.Stop()
+		if err := os.RemoveAll(filepath.Join(r.redisDir, "appendonlydir")); err != nil {
+			r.t.Fatalf("removing Redis's append-only file: %v", err)
+		}
 		r.srv.Restart()
+		r.settled = nil
 		r.up.excuseAll()
 		r.admitted = map[string][]ixAdmission{}
 		r.grants = map[string][]ixGrant{}
@@ -1264,6 +1345,7 @@ func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []st
 	r.grants = map[string][]ixGrant{}
 	r.banned = map[string]int64{}
 	r.forgotten = map[string]int64{}
+	r.settled = nil
 	r.errs = nil
 	r.up.mu.Lock()
 	r.up.fault = ""
@@ -1284,12 +1366,21 @@ func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []st
 		if budget > 0 && time.Now().After(stop) {
 			return -1, nil
 		}
+		began := time.Now()
 		r.do(s, i)
+		kind := s.kind
+		if kind == "settle" {
+			kind += " " + s.zone
+		}
+		r.took[kind] += time.Since(began)
 		r.steps++
 		r.check(i)
 		if len(r.errs) > 0 {
 			return i, r.errs
 		}
+	}
+	if r.recheck(len(steps) - 1); len(r.errs) > 0 {
+		return len(steps) - 1, r.errs
 	}
 	return -1, nil
 }
@@ -1298,14 +1389,25 @@ func TestInteraction(t *testing.T) {
 	seed := ixSeed(t)
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
-			r := &ixRun{t: t, tester: caddytest.NewTester(t), up: newIxUpstream(t, 2), instances: 1}
+			r := &ixRun{t: t, tester: caddytest.NewTester(t), up: newIxUpstream(t, 2), instances: 1, took: map[string]time.Duration{}}
 			budget := ixBudget(t, 10*time.Second)
 			if store == "redis" {
 				// Redis decides by its clock, and a calendar zone's span
 				// is computed from the instance's: for a grant, from the
 				// handler's clock, which the memory run moved.
 				setClock(t, time.Now())
-				r.srv = redistest.Start(t)
+				// A Redis that keeps its data across a kill (each write
+				// reaches the append-only file before its reply): a
+				// settle step's kill loses nothing, and every settlement
+				// held across it must reach Redis exactly once.
+				r.srv = redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "no")
+				c := r.srv.Client()
+				dir, err := c.ConfigGet(t.Context(), "dir").Result()
+				c.Close()
+				if err != nil {
+					t.Fatalf("CONFIG GET dir: %v", err)
+				}
+				r.redisDir = dir["dir"]
 				r.instances = 2
 				budget = ixBudget(t, 25*time.Second)
 			}
@@ -1346,7 +1448,8 @@ func TestInteraction(t *testing.T) {
 				t.Fatalf("seed %d (TOLLGATE_INTERACT_SEED=%d), step %d:\n\t%s\nshortest failing sequence found (TOLLGATE_INTERACT_STEPS=%s):\n\t%s",
 					s, s, failed, strings.Join(errs, "\n\t"), shrunk.indexes, strings.Join(shrunk.lines, "\n\t"))
 			}
-			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day", seed, round, r.steps, budget, r.owing, r.granted, r.calendar)
+			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day, %d settle steps (%d keys a freeze excused)", seed, round, r.steps, budget, r.owing, r.granted, r.calendar, r.settles, r.excused)
+			t.Logf("time by step kind: %v", r.took)
 			reload(t, plain)
 			r.tester.Client.CloseIdleConnections()
 			var leftover int

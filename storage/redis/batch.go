@@ -253,7 +253,7 @@ func (b *batcher) run(ctx context.Context, c *call) ([]int64, error) {
 		c.release()
 		return v, err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("%w: %w", ctx.Err(), ErrInFlight)
 	case <-b.stop:
 		// Closed: the senders are gone, or going, and a call queued
 		// after close drained the queue would wait forever.
@@ -523,6 +523,12 @@ func isReply(err error) bool {
 
 // errRunAlone marks a call whose decision raised an error in a combined
 // call: it runs again on its own, which reports its error.
+// ErrInFlight marks the error of a call whose deadline ended while it
+// waited for its batch's reply: the batch may have been sent, and the
+// call run. Any other context error of a call on one server means it got
+// no connection.
+var ErrInFlight = errors.New("its batch may have been sent")
+
 var errRunAlone = errors.New("redis store: a combined decision raised an error")
 
 // split hands each combined call its part of the batch function's reply

@@ -146,7 +146,7 @@ func (l *Limiter) Settle(ctx context.Context, key string, now, reserved, actual 
 // Redis is not kept: it may have been applied.
 func (l *Limiter) keep(key string, taken algorithms.Decision, give int64, err error) error {
 	s, ok := l.inner.(storage.Settler)
-	if !ok || !Unsent(err) {
+	if !ok || !l.pool.unsent(err) {
 		return err
 	}
 	// Counted from now, not from taken.At: Redis's clock is not this

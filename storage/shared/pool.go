@@ -2,6 +2,8 @@ package shared
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +50,9 @@ type Pool struct {
 		retired bool // no configuration uses it: close once held is 0
 	}
 	renewLog LogThrottle // failed lease renewals: one line per interval
+	// waitedUnsent: a call's deadline with no network error means it
+	// never got a connection (see waitedForConn): not on a Cluster.
+	waitedUnsent bool
 }
 
 // PoolConfig is how NewPool sets up a Pool.
@@ -68,7 +73,8 @@ type PoolConfig struct {
 
 // NewPool returns the runtime of client c, whose keys start with prefix.
 func NewPool(c goredis.UniversalClient, prefix string, cfg PoolConfig) *Pool {
-	p := &Pool{client: c, store: redisstore.New(c, prefix), keys: cfg.Keys}
+	_, cluster := c.(*goredis.ClusterClient)
+	p := &Pool{client: c, store: redisstore.New(c, prefix), keys: cfg.Keys, waitedUnsent: !cluster}
 	if cfg.Pipeline {
 		p.store = redisstore.NewPipelined(c, prefix)
 	}
@@ -86,7 +92,7 @@ func NewPool(c goredis.UniversalClient, prefix string, cfg PoolConfig) *Pool {
 		Retry:   RetryEvery,
 		Now:     Micros,
 		Do:      func(fn func(context.Context) error) error { return p.rt.Call(context.Background(), fn) },
-		Unsent:  Unsent,
+		Unsent:  p.unsent,
 		Hold:    p.acquire,
 		Release: p.release,
 		Logger:  logger,
@@ -99,6 +105,26 @@ func NewPool(c goredis.UniversalClient, prefix string, cfg PoolConfig) *Pool {
 		}
 	})
 	return p
+}
+
+// unsent reports whether a call through p that failed with err surely
+// never ran on Redis: Unsent, or a deadline that ended while the call
+// waited for a connection (see waitedForConn).
+func (p *Pool) unsent(err error) bool {
+	return Unsent(err) || p.waitedUnsent && waitedForConn(err)
+}
+
+// waitedForConn reports whether err is the call's deadline, with no
+// network error, that ended before the call got a connection: go-redis
+// dials a new one in the background, trying a refused dial 5 times 100ms
+// apart, and returns the caller's context error if its deadline ends
+// first. A client of one server returns no other context error once it
+// has sent a call (it never retries: MaxRetries is -1), but a call that
+// waited for its pipeline's batch (marked redisstore.ErrInFlight); a
+// Cluster client retries, so its context errors are not taken as unsent.
+func waitedForConn(err error) bool {
+	var opErr *net.OpError
+	return errors.Is(err, context.DeadlineExceeded) && !errors.As(err, &opErr) && !errors.Is(err, redisstore.ErrInFlight)
 }
 
 // Client is the pool's Redis client.
