@@ -56,14 +56,6 @@ func ixGenerateSettle(rng *rand.Rand, s ixStep, redis bool) ixStep {
 		if redis {
 			p.instance = 1 + rng.Intn(2)
 		}
-		if s.zone == "kill" {
-			// The instance without pipeline: with pipeline on, a
-			// settlement (or a kept one's retry) whose deadline ends
-			// while its batch waits for a connection to a Redis that is
-			// down is dropped (a bug: see
-			// TestSettlementKeptWhenTheDialOutlastsTheTimeoutPipelined).
-			p.instance = 2
-		}
 		if p.est == 0 {
 			p.est = -1
 		}

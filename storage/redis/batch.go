@@ -35,6 +35,10 @@ type call struct {
 	v    []int64
 	err  error
 	done chan struct{} // one send when v and err are set (buffered: never blocks)
+	// await: the call gives back or settles (an undo, an owed excess),
+	// which must not be lost: its caller waits for its batch's verdict
+	// past its own deadline (see batcher.run).
+	await bool
 }
 
 // callArgs is the room a call's buffer has for its command: a one-key
@@ -253,10 +257,28 @@ func (b *batcher) run(ctx context.Context, c *call) ([]int64, error) {
 		c.release()
 		return v, err
 	case <-ctx.Done():
-		return nil, fmt.Errorf("%w: %w", ctx.Err(), ErrInFlight)
+		if !c.await {
+			return nil, fmt.Errorf("%w: %w", ctx.Err(), ErrInFlight)
+		}
 	case <-b.stop:
 		// Closed: the senders are gone, or going, and a call queued
 		// after close drained the queue would wait forever.
+		return nil, goredis.ErrClosed
+	}
+	// A give-back or a settlement whose deadline ended while it waited:
+	// whether its batch was sent tells whether it may have run, and so
+	// whether its caller must keep it until Redis hears it (a batch that
+	// waited for a connection to a Redis that is down fails with its
+	// deadline or the dial's error, a batch sent with a read's timeout).
+	// The batch's own deadline, the latest of its calls', bounds the
+	// wait; a call still queued is failed with its context's error as soon
+	// as a sender takes it (see send), which says it was not sent.
+	select {
+	case <-c.done:
+		v, err := c.v, c.err
+		c.release()
+		return v, err
+	case <-b.stop:
 		return nil, goredis.ErrClosed
 	}
 }

@@ -277,6 +277,7 @@ func (z *zone) reply(ctx context.Context, op, rkey string, marked bool, now, x i
 	}
 	c.args = append(c.args, word(op), z.store.clock(now), z.store.ttlSlack, z.arg(x), taken.At, taken.Reset)
 	c.args = append(c.args, z.constsAt(now)...)
+	c.await = op == opUndo || op == opOwe
 	return z.store.run.run(ctx, c)
 }
 
