@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
@@ -197,7 +198,7 @@ func listZones() []zoneInfo {
 				g.guards += fmt.Sprintf("%d:%s:%+v;", p.role, p.tier, p.spec.Limit)
 			}
 		}
-		for _, v := range sortedTiers(lz.z.tiers) {
+		for _, v := range zoneconf.SortedTiers(lz.z.tiers) {
 			if lz.z.tiers[v] == nil {
 				g.guards += v + ":unlimited;"
 			}

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
@@ -171,9 +172,9 @@ func (h *Handler) onStoreError(results []result, err error) ([]result, error) {
 			h.logStoreError(z.base, err) // once per zone
 		}
 		switch z.onError {
-		case failDeny:
+		case zoneconf.FailDeny:
 			return nil, errStoreUnavailable{zone: z.name, err: err}
-		case failLocal:
+		case zoneconf.FailLocal:
 			if z.Memory != nil { // the memory store, or the local copy
 				results[n] = results[i]
 				if results[n].Strike > 0 {

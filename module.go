@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
@@ -318,9 +319,9 @@ func (h *Handler) warnIfRedisUnreachable(ctx caddy.Context) {
 // onErrorEffect says what each on_storage_error does while the store is
 // unreachable, for the log.
 var onErrorEffect = [...]string{
-	failAllow: "on_storage_error allow: every request is let through, unlimited",
-	failDeny:  "on_storage_error deny: every request gets a 503 with Retry-After: 1",
-	failLocal: "on_storage_error local: the limit is enforced from this instance's memory",
+	zoneconf.FailAllow: "on_storage_error allow: every request is let through, unlimited",
+	zoneconf.FailDeny:  "on_storage_error deny: every request gets a 503 with Retry-After: 1",
+	zoneconf.FailLocal: "on_storage_error local: the limit is enforced from this instance's memory",
 }
 
 // Cleanup withdraws the zones from the admin API (and the series of zones

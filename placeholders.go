@@ -8,6 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/internal/bodyscan"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 )
 
 // placeholders are a request's {http.rate_limit.*} values, which later
@@ -95,10 +96,6 @@ func (p *placeholders) get(key string) (any, bool) {
 // String keeps the request variable empty should anything print it.
 func (p *placeholders) String() string { return "" }
 
-// requestJSONPlaceholder starts the placeholders of a number in the
-// request's JSON body, such as {http.rate_limit.request.json.max_tokens}.
-const requestJSONPlaceholder = "http.rate_limit.request.json."
-
 // readRequestJSON reads the numbers at paths in the request's JSON body
 // into their placeholders (see bodyscan.ReadRequest); a body that is
 // longer than the bound, not one whole JSON document, or lacks a path
@@ -112,7 +109,7 @@ func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
 	}
 	for _, p := range paths {
 		if n, ok := bodyscan.NumberAt(doc, strings.Split(p, ".")); ok {
-			repl.Set(requestJSONPlaceholder+p, string(n))
+			repl.Set(zoneconf.RequestJSONPrefix+p, string(n))
 		}
 	}
 }
