@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -344,7 +345,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 				st.InFlight = &n
 			}
 			if p == rate {
-				st.Allowed, st.Remaining = d.Allowed, shownRemaining(d.Remaining)
+				st.Allowed, st.Remaining = d.Allowed, ratelimitheader.ShownRemaining(d.Remaining)
 				st.Reset, st.Wait = float64(d.Reset)/microsPerSecond, float64(d.Wait)/microsPerSecond
 				st.Granted = float64(granted) / algorithms.Milli
 			}
@@ -522,7 +523,7 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 			repeated = true
 		}
 		if !granted {
-			st = keyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: shownRemaining(d.Remaining),
+			st = keyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: ratelimitheader.ShownRemaining(d.Remaining),
 				Reset: float64(d.Reset) / microsPerSecond, Wait: float64(d.Wait) / microsPerSecond}
 			granted = true
 		}

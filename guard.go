@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/memory"
@@ -55,9 +56,9 @@ func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit, storeName
 	if z.base != nil {
 		p.base = z.base
 	}
-	p.hname = z.name
+	p.quota = ratelimitheader.Quota{Name: z.name, Limit: &p.spec.Limit}
 	if role != roleBan {
-		p.policy = policyItem(z.name, l)
+		p.quota.Policy = ratelimitheader.PolicyItem(z.name, l)
 		p.limitValue = l.Events
 	}
 	var err error

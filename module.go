@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"sort"
 	"time"
 
@@ -91,7 +92,7 @@ type Handler struct {
 	requestJSON []string
 
 	zones      []*zone
-	headers    headerModes
+	headers    ratelimitheader.Modes
 	status     int
 	backend    Backend
 	mem        *MemoryStorage      // the default backend, or on_storage_error local's local copies
@@ -134,7 +135,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil {
 		return err
 	}
-	h.headers, _ = parseHeaderModes(h.Headers)
+	h.headers, _ = ratelimitheader.ParseModes(h.Headers)
 	h.status = h.Status
 	if h.status == 0 {
 		h.status = 429
@@ -217,7 +218,7 @@ func (h *Handler) Validate() error {
 	if err := checkStorageModule(h.StorageRaw); err != nil {
 		return err
 	}
-	if _, err := parseHeaderModes(h.Headers); err != nil {
+	if _, err := ratelimitheader.ParseModes(h.Headers); err != nil {
 		return err
 	}
 	if h.Status != 0 && (h.Status < 400 || h.Status > 599) {

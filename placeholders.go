@@ -1,6 +1,7 @@
 package tollgate
 
 import (
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"net/http"
 	"strings"
 
@@ -56,7 +57,7 @@ func placeholdersOf(r *http.Request, repl *caddy.Replacer) *placeholders {
 // setQuota reports res's zone's limit and remaining: on an allowed request
 // the most restrictive zone's, on a rejected one the rejecting zone's.
 func (p *placeholders) setQuota(res *result) {
-	p.quota, p.remaining = res.Z, shownRemaining(res.D.Remaining)
+	p.quota, p.remaining = res.Z, ratelimitheader.ShownRemaining(res.D.Remaining)
 }
 
 // get is the provider: it answers {http.rate_limit.limit} and

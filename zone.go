@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
-	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
@@ -207,12 +207,9 @@ type zone struct {
 	// memory store or local copy, whether it is a dry run.
 	shared.Zone
 
-	policy string // this part's RateLimit-Policy item, built once; "" for a ban
-	hname  string // this part's name in RateLimit headers
-	// zonePolicy, on a rate part (the zone's or a tier's) of a zone with
-	// a ban or concurrency: the RateLimit-Policy of the zone's parts with
-	// this rate, when they are all a request applies; built once.
-	zonePolicy string
+	// quota is this part's place in the rate-limit headers, built once;
+	// a ban has no policy.
+	quota ratelimitheader.Quota
 
 	// The {http.rate_limit.limit} value, boxed once (see placeholders).
 	limitValue any
@@ -350,8 +347,8 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		}
 		// Its own item in the RateLimit headers, beside the rate's; no
 		// zone name has a '/'.
-		slots.hname = name + "/concurrency"
-		slots.policy = policyItem(slots.hname, *s.Slots)
+		slots.quota.Name = name + "/concurrency"
+		slots.quota.Policy = ratelimitheader.PolicyItem(slots.quota.Name, *s.Slots)
 		z.parts = append(z.parts, slots)
 	}
 	z.all = append(z.all, z.parts...)
@@ -373,7 +370,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if len(z.parts) > 1 && s.Rate {
 		for _, rate := range z.all {
 			if rate == z || rate.tier != "" {
-				rate.zonePolicy = z.policyWith(rate)
+				rate.quota.ZonePolicy = z.policyWith(rate)
 			}
 		}
 	}
@@ -388,8 +385,8 @@ func (z *zone) policyWith(rate *zone) string {
 		if p == z {
 			p = rate
 		}
-		if p.policy != "" {
-			items = append(items, p.policy)
+		if p.quota.Policy != "" {
+			items = append(items, p.quota.Policy)
 		}
 	}
 	return strings.Join(items, ", ")
@@ -482,35 +479,4 @@ func (z *zone) resolveCost(repl *caddy.Replacer) int64 {
 		return m
 	}
 	return z.defaultCost
-}
-
-// policyAt is the part's RateLimit-Policy list item for a decision made
-// at now: for a calendar window, the quota per the length of the window
-// that holds now (a DST day is 82800 or 90000 seconds, a month 28 to 31
-// days); for any other part its item built at provision.
-func (z *zone) policyAt(now int64) string {
-	cal := z.spec.Limit.Calendar
-	if cal.Unit == algorithms.NoUnit || z.policy == "" {
-		return z.policy
-	}
-	p := cal.Period(now)
-	return `"` + z.hname + `";q=` + strconv.FormatInt(z.spec.Limit.Events, 10) + `;w=` + strconv.FormatInt(ceilSeconds(p.End-p.Start), 10)
-}
-
-// policyItem is the zone's RateLimit-Policy list item: quota per window in
-// whole seconds, a window under one second written as the equivalent quota
-// per second.
-func policyItem(name string, l algorithms.Limit) string {
-	if l.Kind == algorithms.Concurrency {
-		return `"` + name + `";q=` + strconv.FormatInt(l.Events, 10) + `;qu="concurrent-requests"`
-	}
-	const second = int64(time.Second / time.Microsecond)
-	q, w := l.Events, l.Window/second
-	switch {
-	case l.Window < second:
-		q, w = max(1, l.Events*second/l.Window), 1
-	case l.Window%second != 0:
-		w = (l.Window + second - 1) / second
-	}
-	return `"` + name + `";q=` + strconv.FormatInt(q, 10) + `;w=` + strconv.FormatInt(w, 10)
 }
