@@ -3,7 +3,6 @@ package tollgate
 import (
 	"errors"
 	"fmt"
-	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"net/http"
 	"slices"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 

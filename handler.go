@@ -3,7 +3,6 @@ package tollgate
 import (
 	"context"
 	"fmt"
-	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"net/http"
 	"strconv"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )

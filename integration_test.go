@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"io"
 	"net/http"
 	"os"
@@ -21,6 +20,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 )
 
 // fakeNow is the clock of every handler the tests provision: µs since the

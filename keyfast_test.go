@@ -1,16 +1,16 @@
 package tollgate
 
 import (
-	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
-	"strconv"
-
-	"github.com/caddy-tollgate/tollgate/algorithms"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 )
 
 // TestHeaderKeyMatchesTheReplacer: a key that is exactly one request

@@ -1,7 +1,6 @@
 package tollgate
 
 import (
-	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"net/http"
 	"strings"
 
@@ -9,6 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/internal/bodyscan"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 )
 

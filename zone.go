@@ -392,25 +392,6 @@ func (z *zone) policyWith(rate *zone) string {
 	return strings.Join(items, ", ")
 }
 
-// validZoneName accepts names that can stand unquoted in logs, metrics
-// labels, admin API paths and RateLimit header strings.
-func validZoneName(name string) error {
-	if name == "" {
-		return fmt.Errorf("zone name: must not be empty")
-	}
-	if len(name) > 64 {
-		return fmt.Errorf("zone name: at most 64 characters, got %d", len(name))
-	}
-	for _, r := range name {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-', r == '.':
-		default:
-			return fmt.Errorf("zone name %q: only letters, digits, '_', '-' and '.' are allowed", name)
-		}
-	}
-	return nil
-}
-
 // release closes what the zone's parts opened.
 func (z *zone) release() {
 	for _, p := range z.all {

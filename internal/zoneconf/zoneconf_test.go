@@ -104,3 +104,30 @@ func TestParseErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestOrder(t *testing.T) {
+	zones := map[string]int{"c": 0, "a": 0, "b": 0, "d": 0}
+	got, err := Order([]string{"d", "b"}, zones)
+	if want := "d b a c"; err != nil || strings.Join(got, " ") != want {
+		t.Errorf("Order = %q, %v, want %q", got, err, want)
+	}
+	for _, c := range []struct {
+		order []string
+		want  string
+	}{
+		{[]string{"x"}, `zone_order: "x" is not a zone in rate_limits`},
+		{[]string{"a", "a"}, `zone_order: "a" given twice`},
+	} {
+		if _, err := Order(c.order, zones); err == nil || err.Error() != c.want {
+			t.Errorf("Order(%q) = %v, want %q", c.order, err, c.want)
+		}
+	}
+}
+
+func TestValidName(t *testing.T) {
+	for name, ok := range map[string]bool{"api_v1.eu-west": true, "": false, "a/b": false, "a b": false, strings.Repeat("x", 65): false} {
+		if err := ValidName(name); (err == nil) != ok {
+			t.Errorf("ValidName(%q) = %v, want ok %v", name, err, ok)
+		}
+	}
+}
