@@ -13,6 +13,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
@@ -56,15 +59,13 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-const adminPrefix = "/rate_limit/"
-
 // Routes returns the routes of the rate-limit admin API.
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: adminPrefix, Handler: caddy.AdminHandlerFunc(a.serveHTTP)}}
+	return []caddy.AdminRoute{{Pattern: adminapi.Prefix, Handler: caddy.AdminHandlerFunc(a.serveHTTP)}}
 }
 
 func (a *AdminAPI) serveHTTP(w http.ResponseWriter, r *http.Request) error {
-	path := strings.TrimPrefix(r.URL.EscapedPath(), adminPrefix)
+	path := strings.TrimPrefix(r.URL.EscapedPath(), adminapi.Prefix)
 	if path == "zones" {
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, r, http.MethodGet)
@@ -114,42 +115,9 @@ func (a *AdminAPI) serveHTTP(w http.ResponseWriter, r *http.Request) error {
 	}
 }
 
-// zoneInfo is one zone in GET /rate_limit/zones.
-type zoneInfo struct {
-	Zone      string  `json:"zone"`
-	Algorithm string  `json:"algorithm"`
-	Events    int64   `json:"events"`
-	Window    float64 `json:"window"` // seconds
-	Burst     int64   `json:"burst"`
-	Storage   string  `json:"storage"`
-	DryRun    bool    `json:"dry_run"`
-	Keys      *int    `json:"keys"` // null for a store that keeps no count
-
-	// A calendar window: its length as configured ("1d", "1mo"; window
-	// is then its nominal length) and its time zone.
-	Calendar string `json:"calendar,omitempty"`
-	Timezone string `json:"timezone,omitempty"`
-
-	Concurrency      int64   `json:"concurrency,omitempty"`
-	ConcurrencyLease float64 `json:"concurrency_lease,omitempty"` // seconds
-	Ban              float64 `json:"ban,omitempty"`               // seconds
-	BanAfter         int64   `json:"ban_after,omitempty"`
-
-	TierKey string              `json:"tier_key,omitempty"`
-	Tiers   map[string]tierInfo `json:"tiers,omitempty"`
-}
-
-// tierInfo is one tier's limit in GET /rate_limit/zones.
-type tierInfo struct {
-	Events    int64   `json:"events,omitempty"`
-	Window    float64 `json:"window,omitempty"` // seconds
-	Burst     int64   `json:"burst,omitempty"`
-	Unlimited bool    `json:"unlimited,omitempty"`
-}
-
 // guardInfo fills in info the zone's concurrency and ban, and for a zone
 // with only concurrency clears the rate's fields.
-func guardInfo(info *zoneInfo, z *zone) {
+func guardInfo(info *adminapi.ZoneInfo, z *zone) {
 	for _, p := range z.parts {
 		l := p.spec.Limit
 		switch p.role {
@@ -163,14 +131,14 @@ func guardInfo(info *zoneInfo, z *zone) {
 		}
 	}
 	if z.tiers != nil {
-		info.TierKey, info.Tiers = z.tierKey, make(map[string]tierInfo, len(z.tiers))
+		info.TierKey, info.Tiers = z.tierKey, make(map[string]adminapi.TierInfo, len(z.tiers))
 		for value, t := range z.tiers {
 			if t == nil {
-				info.Tiers[value] = tierInfo{Unlimited: true}
+				info.Tiers[value] = adminapi.TierInfo{Unlimited: true}
 				continue
 			}
 			l := t.spec.Limit
-			info.Tiers[value] = tierInfo{Events: l.Events, Window: float64(l.Window) / microsPerSecond, Burst: l.Burst}
+			info.Tiers[value] = adminapi.TierInfo{Events: l.Events, Window: float64(l.Window) / microsPerSecond, Burst: l.Burst}
 		}
 	}
 }
@@ -178,7 +146,7 @@ func guardInfo(info *zoneInfo, z *zone) {
 // listZones describes the live zones, sorted by name. Zones with the same
 // name, limit, storage and dry_run are one entry, their distinct stores'
 // keys added up.
-func listZones() []zoneInfo {
+func listZones() []adminapi.ZoneInfo {
 	type group struct {
 		spec    storage.Zone
 		backend string
@@ -186,7 +154,7 @@ func listZones() []zoneInfo {
 		guards  string // the other parts' limits
 	}
 	var (
-		out     = []zoneInfo{}
+		out     = []adminapi.ZoneInfo{}
 		groups  []group
 		members [][]liveZone
 	)
@@ -197,7 +165,7 @@ func listZones() []zoneInfo {
 				g.guards += fmt.Sprintf("%d:%s:%+v;", p.role, p.tier, p.spec.Limit)
 			}
 		}
-		for _, v := range sortedTiers(lz.z.tiers) {
+		for _, v := range zoneconf.SortedTiers(lz.z.tiers) {
 			if lz.z.tiers[v] == nil {
 				g.guards += v + ":unlimited;"
 			}
@@ -214,7 +182,7 @@ func listZones() []zoneInfo {
 	}
 	for i, g := range groups {
 		l := g.spec.Limit
-		info := zoneInfo{
+		info := adminapi.ZoneInfo{
 			Zone:      g.spec.Name,
 			Algorithm: l.Kind.String(),
 			Events:    l.Events,
@@ -262,36 +230,6 @@ next:
 	return zs
 }
 
-// keyState is one key's state in GET /rate_limit/zones/<zone>/keys/<key>,
-// as a request for one event would see it now.
-type keyState struct {
-	Zone      string  `json:"zone"`
-	Key       string  `json:"key"`       // as stored
-	Allowed   bool    `json:"allowed"`   // whether one more event would be admitted now
-	Remaining int64   `json:"remaining"` // whole events available now
-	Reset     float64 `json:"reset"`     // seconds until the quota is whole again
-	Wait      float64 `json:"wait"`      // seconds until one event would be admitted
-	// Granted is the events granted to the key's current window (the
-	// window algorithms), grants added up; omitted when none is.
-	Granted float64 `json:"granted,omitempty"`
-
-	// Ban is the key's ban, in a zone with one.
-	Ban *banState `json:"ban,omitempty"`
-	// InFlight is the key's requests in flight, in a zone with
-	// concurrency.
-	InFlight *int64 `json:"in_flight,omitempty"`
-	// Tier is the tier whose state this is (?tier=), in a zone with tiers.
-	Tier string `json:"tier,omitempty"`
-}
-
-// banState is a key's ban in GET /rate_limit/zones/<zone>/keys/<key> and
-// /bans/<key>.
-type banState struct {
-	Banned      bool    `json:"banned"`
-	Left        float64 `json:"seconds_left"` // seconds until the ban ends; 0 when not banned
-	StrikesLeft int64   `json:"strikes_left"` // rejections the key may still get in this window before a ban
-}
-
 // tierOf returns the rate part of z that ?tier= names in r (z itself
 // without one), or an API error.
 func tierOf(r *http.Request, z *zone) (*zone, error) {
@@ -316,7 +254,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 			return err
 		}
 		stored := lz.z.storedKey(key)
-		var st keyState
+		var st adminapi.KeyState
 		held := false
 		for _, p := range lz.z.parts {
 			if p == lz.z {
@@ -333,7 +271,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 			}
 			switch {
 			case p.role == roleBan:
-				st.Ban = &banState{Banned: !d.Allowed, Left: float64(d.Wait) / microsPerSecond, StrikesLeft: d.Remaining}
+				st.Ban = &adminapi.BanState{Banned: !d.Allowed, Left: float64(d.Wait) / microsPerSecond, StrikesLeft: d.Remaining}
 				continue
 			case p.role == roleSlots:
 				n := p.spec.Limit.Events
@@ -343,7 +281,7 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 				st.InFlight = &n
 			}
 			if p == rate {
-				st.Allowed, st.Remaining = d.Allowed, shownRemaining(d.Remaining)
+				st.Allowed, st.Remaining = d.Allowed, ratelimitheader.ShownRemaining(d.Remaining)
 				st.Reset, st.Wait = float64(d.Reset)/microsPerSecond, float64(d.Wait)/microsPerSecond
 				st.Granted = float64(granted) / algorithms.Milli
 			}
@@ -422,46 +360,13 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request, allowed ...string)
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
 }
 
-// grantRequest is the body of POST .../keys/<key>/grant.
-type grantRequest struct {
-	// Amount is the events granted, > 0; fractions count as costs do.
-	Amount float64 `json:"amount"`
-	// ID, if set (or the Idempotency-Key header), makes the grant apply
-	// once to the key and window, however often it is sent.
-	ID string `json:"id,omitempty"`
-}
-
-// maxGrantID bounds a grant id's length.
-const maxGrantID = 128
-
-// grantID returns the grant's id from the Idempotency-Key header or the
-// body's id (the same if both are given), checked.
-func grantID(r *http.Request, body string) (string, error) {
-	id := r.Header.Get("Idempotency-Key")
-	switch {
-	case id == "":
-		id = body
-	case body != "" && body != id:
-		return "", fmt.Errorf("grant: the Idempotency-Key header %q and the body's id %q differ", id, body)
-	}
-	if len(id) > maxGrantID {
-		return "", fmt.Errorf("grant: id must be at most %d bytes, got %d", maxGrantID, len(id))
-	}
-	for _, c := range id {
-		if c <= ' ' || c == 0x7f {
-			return "", fmt.Errorf("grant: id %q: must be printable, without spaces", id)
-		}
-	}
-	return id, nil
-}
-
 // grantKey gives the key amount events more for its current window, in
 // the zone's rate (or ?tier='s), in every store of the zone once: a
 // memory store per distinct store, Redis once per server and zone. It
 // answers with the key's state after the grant, logs the grant and emits
 // rate_limit_granted.
 func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) error {
-	var req grantRequest
+	var req adminapi.GrantRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
@@ -471,12 +376,12 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 	if !ok || amount <= 0 || amount > algorithms.MaxGrant {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("grant: amount must be a number of events > 0 and at most %d, got %v", algorithms.MaxEvents, req.Amount)}
 	}
-	id, err := grantID(r, req.ID)
+	id, err := adminapi.GrantID(r.Header.Get("Idempotency-Key"), req.ID)
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
 	var (
-		st   keyState
+		st   adminapi.KeyState
 		done = map[any]algorithms.Decision{} // the stores granted in, each once, and the decision after
 	)
 	granted, repeated := false, false
@@ -521,7 +426,7 @@ func grantKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string)
 			repeated = true
 		}
 		if !granted {
-			st = keyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: shownRemaining(d.Remaining),
+			st = adminapi.KeyState{Zone: lz.z.name, Key: stored, Tier: rate.tier, Allowed: d.Allowed, Remaining: ratelimitheader.ShownRemaining(d.Remaining),
 				Reset: float64(d.Reset) / microsPerSecond, Wait: float64(d.Wait) / microsPerSecond}
 			granted = true
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
@@ -73,7 +74,7 @@ func TestBanThroughCaddy(t *testing.T) {
 				t.Errorf("banned requests counted %v, want %v", got, want)
 			}
 
-			var st keyState
+			var st adminapi.KeyState
 			if code := adminDo(t, "GET", "/rate_limit/zones/login/bans/banme-"+name, &st); code != 200 || st.Ban == nil || !st.Ban.Banned || st.Ban.Left < 400 {
 				t.Fatalf("GET ban: %d %+v (ban %+v), want banned for several minutes", code, st, st.Ban)
 			}

@@ -12,6 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 )
 
 func init() {
@@ -161,7 +163,7 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	if err := validZoneName(name); err != nil {
+	if err := zoneconf.ValidName(name); err != nil {
 		return d.Err(err.Error())
 	}
 	if _, dup := h.RateLimits[name]; dup {

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
@@ -200,8 +201,8 @@ func TestGrantThroughAdmin(t *testing.T) {
 			}
 			day(200, 200, 429)
 			var out struct {
-				Granted float64  `json:"granted"`
-				State   keyState `json:"state"`
+				Granted float64           `json:"granted"`
+				State   adminapi.KeyState `json:"state"`
 			}
 			if code := adminPost(t, "/rate_limit/zones/daily/keys/grant-"+name+"/grant", `{"amount": 2}`, &out); code != 200 || out.Granted != 2 || out.State.Remaining != 2 {
 				t.Fatalf("grant 2: %d %+v", code, out)
@@ -213,7 +214,7 @@ func TestGrantThroughAdmin(t *testing.T) {
 			if out, err := runCLI(t, "--address", testAdmin, "grant", "daily", "grant-"+name, "0.5"); err != nil || !strings.Contains(out, `granted key "grant-`+name+`" in zone daily 0.5 more events for its current window: 3 remaining`) {
 				t.Fatalf("caddy rate-limit grant: %v, %s", err, out)
 			}
-			var st keyState
+			var st adminapi.KeyState
 			if code := adminDo(t, "GET", "/rate_limit/zones/daily/keys/grant-"+name, &st); code != 200 || st.Remaining != 3 || !st.Allowed {
 				t.Fatalf("show after grants of 2 and 1: %d %+v, want 3 remaining", code, st)
 			}
@@ -232,7 +233,7 @@ func TestGrantThroughAdmin(t *testing.T) {
 			if len(evs) != 3 || evs[0].name != "rate_limit_granted" || evs[0].data["zone"] != "daily" || evs[0].data["key"] != "grant-"+name || evs[0].data["amount"] != 2.0 {
 				t.Fatalf("events: %+v", evs)
 			}
-			var zones []zoneInfo
+			var zones []adminapi.ZoneInfo
 			if code := adminDo(t, "GET", "/rate_limit/zones", &zones); code != 200 {
 				t.Fatalf("GET zones: %d", code)
 			}
@@ -300,7 +301,7 @@ func TestGrantSlidingThroughAdmin(t *testing.T) {
 			if out, err := runCLI(t, "--address", testAdmin, "grant", "hourly", "slide-"+name, "3"); err != nil || !strings.Contains(out, `3 more events for its current window: 3 remaining`) {
 				t.Fatalf("caddy rate-limit grant: %v, %s", err, out)
 			}
-			var st keyState
+			var st adminapi.KeyState
 			if code := adminDo(t, "GET", "/rate_limit/zones/hourly/keys/slide-"+name, &st); code != 200 || st.Remaining != 3 {
 				t.Fatalf("show after a grant of 3: %d %+v", code, st)
 			}
@@ -392,7 +393,7 @@ func TestGrantAcrossInstances(t *testing.T) {
 				t.Fatalf("before the grant: %s, want 3 admitted across three instances", got)
 			}
 			var out struct {
-				State keyState `json:"state"`
+				State adminapi.KeyState `json:"state"`
 			}
 			if code := adminPost(t, "/rate_limit/zones/plan/keys/"+key+"/grant", `{"amount": 4}`, &out); code != 200 || out.State.Remaining != 4 {
 				t.Fatalf("grant 4: %d %+v, want 4 remaining", code, out)

@@ -1,7 +1,6 @@
 package tollgate
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -12,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -20,6 +18,8 @@ import (
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 )
 
 // cliSubcommand is one subcommand of `caddy rate-limit`. A new one is a
@@ -207,8 +207,8 @@ func (c *cliRun) noEndpoint(err error) error {
 }
 
 // listZones gets the live zones.
-func (c *cliRun) listZones() ([]byte, []zoneInfo, error) {
-	body, err := c.request(http.MethodGet, adminPrefix+"zones", nil)
+func (c *cliRun) listZones() ([]byte, []adminapi.ZoneInfo, error) {
+	body, err := c.request(http.MethodGet, adminapi.Prefix+"zones", nil)
 	var ae *apiError
 	if errors.As(err, &ae) && ae.status == http.StatusNotFound {
 		return nil, nil, c.noEndpoint(err)
@@ -216,7 +216,7 @@ func (c *cliRun) listZones() ([]byte, []zoneInfo, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var zones []zoneInfo
+	var zones []adminapi.ZoneInfo
 	if err := json.Unmarshal(body, &zones); err != nil {
 		return nil, nil, c.noEndpoint(fmt.Errorf("its answer is not a list of zones: %v", err))
 	}
@@ -227,7 +227,7 @@ func (c *cliRun) listZones() ([]byte, []zoneInfo, error) {
 // action on the key, such as "/grant", after it, with a JSON body) and
 // returns the answer, or an error that says what to do.
 func (c *cliRun) keyRequest(method, path, zone, key, action string, body io.Reader) ([]byte, error) {
-	uri := keyURI(zone, path, key) + action
+	uri := adminapi.KeyURI(zone, path, key) + action
 	if c.tier != "" {
 		uri += "?tier=" + url.QueryEscape(c.tier)
 	}
@@ -263,35 +263,6 @@ func (c *cliRun) keyRequest(method, path, zone, key, action string, body io.Read
 	return nil, err
 }
 
-// table is an aligned table written to out on Flush, without the
-// spaces tabwriter leaves after a row's last cell.
-type table struct {
-	*tabwriter.Writer
-	buf bytes.Buffer
-	out io.Writer
-}
-
-func newTable(out io.Writer) *table {
-	t := &table{out: out}
-	t.Writer = tabwriter.NewWriter(&t.buf, 0, 0, 2, ' ', 0)
-	return t
-}
-
-func (t *table) Flush() error {
-	if err := t.Writer.Flush(); err != nil {
-		return err
-	}
-	var b strings.Builder
-	for _, line := range strings.SplitAfter(t.buf.String(), "\n") {
-		b.WriteString(strings.TrimRight(line, " \n"))
-		if strings.HasSuffix(line, "\n") {
-			b.WriteByte('\n')
-		}
-	}
-	_, err := io.WriteString(t.out, b.String())
-	return err
-}
-
 func (c *cliRun) zones(args []string) error {
 	body, zones, err := c.listZones()
 	if err != nil {
@@ -301,61 +272,7 @@ func (c *cliRun) zones(args []string) error {
 		_, err := c.out.Write(body)
 		return err
 	}
-	tw := newTable(c.out)
-	fmt.Fprintln(tw, "ZONE\tALGORITHM\tLIMIT\tBURST\tSTORAGE\tKEYS\tALSO")
-	for _, z := range zones {
-		alg, limit, burst := z.Algorithm, "-", "-"
-		if z.Events > 0 {
-			limit, burst = formatLimit(z.Events, z.Window), strconv.FormatInt(z.Burst, 10)
-		} else {
-			alg = "-"
-		}
-		keys := "-" // a store that keeps no count (Redis)
-		if z.Keys != nil {
-			keys = strconv.Itoa(*z.Keys)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", z.Zone, alg, limit, burst, z.Storage, keys, zoneAlso(z))
-	}
-	return tw.Flush()
-}
-
-// zoneAlso describes what a zone has beside its rate.
-func zoneAlso(z zoneInfo) string {
-	var also []string
-	if z.Concurrency > 0 {
-		s := fmt.Sprintf("concurrency %d", z.Concurrency)
-		if z.Storage == "redis" {
-			s += " (lease " + formatSeconds(z.ConcurrencyLease) + ")"
-		}
-		also = append(also, s)
-	}
-	if z.Ban > 0 {
-		also = append(also, fmt.Sprintf("ban %s after %d", formatSeconds(z.Ban), z.BanAfter))
-	}
-	if z.TierKey != "" {
-		values := make([]string, 0, len(z.Tiers))
-		for v := range z.Tiers {
-			values = append(values, v)
-		}
-		sort.Strings(values)
-		tiers := make([]string, len(values))
-		for i, v := range values {
-			t := z.Tiers[v]
-			switch {
-			case t.Unlimited:
-				tiers[i] = v + " unlimited"
-			case t.Burst != t.Events:
-				tiers[i] = fmt.Sprintf("%s %s burst %d", v, formatLimit(t.Events, t.Window), t.Burst)
-			default:
-				tiers[i] = v + " " + formatLimit(t.Events, t.Window)
-			}
-		}
-		also = append(also, "tiers by "+z.TierKey+": "+strings.Join(tiers, ", "))
-	}
-	if z.DryRun {
-		also = append(also, "dry run")
-	}
-	return strings.Join(also, "; ")
+	return adminapi.WriteZones(c.out, zones)
 }
 
 func (c *cliRun) show(args []string) error {
@@ -367,41 +284,11 @@ func (c *cliRun) show(args []string) error {
 		_, err := c.out.Write(body)
 		return err
 	}
-	var st keyState
+	var st adminapi.KeyState
 	if err := json.Unmarshal(body, &st); err != nil {
 		return c.noEndpoint(fmt.Errorf("its answer is not a key's state: %v", err))
 	}
-	tw := newTable(c.out)
-	fmt.Fprintf(tw, "zone\t%s\n", st.Zone)
-	fmt.Fprintf(tw, "key\t%s\n", st.Key)
-	if st.Tier != "" {
-		fmt.Fprintf(tw, "tier\t%s\n", st.Tier)
-	}
-	allowed := "yes"
-	if !st.Allowed {
-		allowed = "no, next in " + formatSeconds(st.Wait)
-	}
-	fmt.Fprintf(tw, "allowed\t%s\n", allowed)
-	fmt.Fprintf(tw, "remaining\t%d\n", st.Remaining)
-	reset := "now (the quota is whole)"
-	if st.Reset > 0 {
-		reset = "in " + formatSeconds(st.Reset)
-	}
-	fmt.Fprintf(tw, "reset\t%s\n", reset)
-	if st.Granted > 0 {
-		fmt.Fprintf(tw, "granted\t%s more events for the current window\n", strconv.FormatFloat(st.Granted, 'g', -1, 64))
-	}
-	if b := st.Ban; b != nil {
-		ban := fmt.Sprintf("no (%d strikes left)", b.StrikesLeft)
-		if b.Banned {
-			ban = "banned for " + formatSeconds(b.Left)
-		}
-		fmt.Fprintf(tw, "ban\t%s\n", ban)
-	}
-	if st.InFlight != nil {
-		fmt.Fprintf(tw, "in flight\t%d\n", *st.InFlight)
-	}
-	return tw.Flush()
+	return adminapi.WriteKey(c.out, st)
 }
 
 func (c *cliRun) reset(args []string) error {
@@ -447,7 +334,7 @@ func (c *cliRun) grant(args []string) error {
 	var ans struct {
 		Zone, Key string
 		Granted   float64
-		State     keyState
+		State     adminapi.KeyState
 	}
 	if err := json.Unmarshal(body, &ans); err != nil {
 		return c.noEndpoint(fmt.Errorf("its answer is not JSON: %v", err))
@@ -457,7 +344,7 @@ func (c *cliRun) grant(args []string) error {
 		where += ", tier " + c.tier
 	}
 	_, err = fmt.Fprintf(c.out, "granted key %q in %s %s more events for its current window: %d remaining, the window resets in %s\n",
-		ans.Key, where, strconv.FormatFloat(ans.Granted, 'g', -1, 64), ans.State.Remaining, formatSeconds(ans.State.Reset))
+		ans.Key, where, strconv.FormatFloat(ans.Granted, 'g', -1, 64), ans.State.Remaining, adminapi.FormatSeconds(ans.State.Reset))
 	return err
 }
 
@@ -502,68 +389,4 @@ func (c *cliRun) done(body []byte, what, tail string) error {
 func (c *cliRun) help() error {
 	_, err := io.WriteString(c.out, strings.TrimPrefix(cliHelp(), "\n"))
 	return err
-}
-
-// formatLimit writes events per window (seconds) as "100/min", "5/h",
-// "20/s", or "100/10s" for a window that is not one unit.
-func formatLimit(events int64, window float64) string {
-	for _, u := range []struct {
-		seconds float64
-		name    string
-	}{{1, "s"}, {60, "min"}, {3600, "h"}, {86400, "day"}, {7 * 86400, "week"}} {
-		if window == u.seconds {
-			return fmt.Sprintf("%d/%s", events, u.name)
-		}
-	}
-	return fmt.Sprintf("%d/%s", events, formatSeconds(window))
-}
-
-// formatSeconds writes a duration in seconds for people: "600ms", "59s",
-// "14m32s", "2h", "1d3h", with at most its two largest units (rounded up
-// to the millisecond under a second, to the second above).
-func formatSeconds(s float64) string {
-	if s <= 0 {
-		return "0s"
-	}
-	if s < 1 {
-		return fmt.Sprintf("%dms", int64(math.Ceil(s*1000)))
-	}
-	left := int64(math.Ceil(s - 1e-9))
-	var b bytes.Buffer
-	units := 0
-	for _, u := range []struct {
-		seconds int64
-		name    string
-	}{{86400, "d"}, {3600, "h"}, {60, "m"}, {1, "s"}} {
-		n := left / u.seconds
-		if n == 0 && units == 0 {
-			continue
-		}
-		if units == 2 {
-			break
-		}
-		units++
-		left -= n * u.seconds
-		if n > 0 {
-			fmt.Fprintf(&b, "%d%s", n, u.name)
-		}
-	}
-	return b.String()
-}
-
-// keyURI is the admin API path of a key in a zone (path "keys"), or of its
-// ban ("bans"), zone and key each one path segment.
-func keyURI(zone, path, key string) string {
-	return adminPrefix + "zones/" + pathSegment(zone) + "/" + path + "/" + pathSegment(key)
-}
-
-// pathSegment escapes s as one path segment: url.PathEscape escapes '/',
-// '%', '?', '#' and spaces, and keeps the ':' of an IPv6 address, which a
-// segment may hold. A segment "." or ".." is escaped too, or the admin
-// endpoint's mux would clean it away as a step in the path.
-func pathSegment(s string) string {
-	if s == "." || s == ".." {
-		return strings.Repeat("%2E", len(s))
-	}
-	return url.PathEscape(s)
 }

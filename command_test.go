@@ -17,6 +17,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 )
 
 // runCLI runs `caddy rate-limit args...` as Caddy's command line would,
@@ -175,7 +177,7 @@ func TestRateLimitCommand(t *testing.T) {
 		t.Errorf("rate-limit --json zones printed %q, want the API's %q", out, want)
 	}
 
-	var listed []zoneInfo
+	var listed []adminapi.ZoneInfo
 	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 3 || listed[1].Keys == nil {
 		t.Fatalf("rate-limit --json zones: %v, want 3 zones in %s", err, out)
 	}
@@ -364,68 +366,6 @@ func TestRateLimitCommandHelp(t *testing.T) {
 		}
 		if !strings.HasPrefix(sub.example, "caddy rate-limit "+sub.name) {
 			t.Errorf("subcommand %s: example %q does not run it", sub.name, sub.example)
-		}
-	}
-}
-
-func TestFormatLimit(t *testing.T) {
-	for _, c := range []struct {
-		events int64
-		window float64
-		want   string
-	}{
-		{100, 60, "100/min"},
-		{5, 3600, "5/h"},
-		{20, 1, "20/s"},
-		{2, 86400, "2/day"},
-		{1000, 7 * 86400, "1000/week"},
-		{100, 10, "100/10s"},
-		{5, 90, "5/1m30s"},
-		{1, 0.5, "1/500ms"},
-	} {
-		if got := formatLimit(c.events, c.window); got != c.want {
-			t.Errorf("formatLimit(%d, %v) = %q, want %q", c.events, c.window, got, c.want)
-		}
-	}
-}
-
-func TestFormatSeconds(t *testing.T) {
-	for _, c := range []struct {
-		s    float64
-		want string
-	}{
-		{0, "0s"},
-		{-1, "0s"},
-		{0.0004, "1ms"},
-		{0.6, "600ms"},
-		{1, "1s"},
-		{59.2, "1m"},
-		{90, "1m30s"},
-		{872, "14m32s"},
-		{3600, "1h"},
-		{3661, "1h1m"},
-		{86400, "1d"},
-		{90061, "1d1h"},
-	} {
-		if got := formatSeconds(c.s); got != c.want {
-			t.Errorf("formatSeconds(%v) = %q, want %q", c.s, got, c.want)
-		}
-	}
-}
-
-func TestKeyURI(t *testing.T) {
-	for _, c := range []struct{ zone, key, want string }{
-		{"api", "customer-42", "/rate_limit/zones/api/keys/customer-42"},
-		{"api", "a/b c", "/rate_limit/zones/api/keys/a%2Fb%20c"},
-		{"api", "100%?x#y", "/rate_limit/zones/api/keys/100%25%3Fx%23y"},
-		{"api", "..", "/rate_limit/zones/api/keys/%2E%2E"},
-		{"api", ".", "/rate_limit/zones/api/keys/%2E"},
-		{"api", "a..b", "/rate_limit/zones/api/keys/a..b"},
-		{"api", "2001:db8::1", "/rate_limit/zones/api/keys/2001:db8::1"},
-		{"api", "", "/rate_limit/zones/api/keys/"},
-	} {
-		if got := keyURI(c.zone, "keys", c.key); got != c.want {
-			t.Errorf("keyURI(%q, %q) = %q, want %q", c.zone, c.key, got, c.want)
 		}
 	}
 }

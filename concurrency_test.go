@@ -22,6 +22,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
@@ -79,7 +80,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // inFlight reads a key's requests in flight from the admin API.
 func inFlight(t *testing.T, zone, key string) int64 {
 	t.Helper()
-	var st keyState
+	var st adminapi.KeyState
 	if code := adminDo(t, "GET", "/rate_limit/zones/"+zone+"/keys/"+key, &st); code != 200 {
 		return 0 // a key the store no longer holds has none in flight
 	}

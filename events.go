@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
@@ -117,9 +118,9 @@ func (h *Handler) provisionEvents(ctx caddy.Context) error {
 // the API answers when its subscribers have run.
 func (h *Handler) granted(p *zone, key string, amount float64, d algorithms.Decision) {
 	h.logger.Info("rate limit grant", zap.String("zone", p.base.name), zap.String("key", key), zap.String("tier", p.tier),
-		zap.Float64("amount", amount), zap.Int64("remaining", shownRemaining(d.Remaining)), zap.Float64("reset", float64(d.Reset)/microsPerSecond))
+		zap.Float64("amount", amount), zap.Int64("remaining", ratelimitheader.ShownRemaining(d.Remaining)), zap.Float64("reset", float64(d.Reset)/microsPerSecond))
 	if e := h.events; e != nil && e.granted {
-		data := map[string]any{"zone": p.base.name, "key": key, "amount": amount, "remaining": shownRemaining(d.Remaining), "reset": float64(d.Reset) / microsPerSecond}
+		data := map[string]any{"zone": p.base.name, "key": key, "amount": amount, "remaining": ratelimitheader.ShownRemaining(d.Remaining), "reset": float64(d.Reset) / microsPerSecond}
 		if p.tier != "" {
 			data["tier"] = p.tier
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	"github.com/caddy-tollgate/tollgate/storage"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
@@ -40,10 +41,10 @@ func quotaSite(addr, storageExtra, zoneExtra string) string {
 
 // grantAnswer is the admin API's answer to a grant.
 type grantAnswer struct {
-	Granted  float64  `json:"granted"`
-	Repeated bool     `json:"repeated"`
-	State    keyState `json:"state"`
-	Error    string   `json:"error"`
+	Granted  float64           `json:"granted"`
+	Repeated bool              `json:"repeated"`
+	State    adminapi.KeyState `json:"state"`
+	Error    string            `json:"error"`
 }
 
 // postGrant posts a grant of amount to key in zone quota with id (none
@@ -120,7 +121,7 @@ func TestGrantRetriedAfterStall(t *testing.T) {
 		t.Fatalf("grant while Redis is frozen: status %d, %+v; want 503 saying to send it again with the same id", code, ans)
 	}
 	waitFor(t, "the frozen grant to land", func() bool {
-		var st keyState
+		var st adminapi.KeyState
 		return adminDo(t, http.MethodGet, "/rate_limit/zones/quota/keys/stall", &st) == 200 && st.Remaining == 2
 	})
 	// The retry, as the CLI's: again while the breaker, open since the

@@ -10,6 +10,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/memory"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
@@ -29,56 +31,6 @@ const (
 	roleSlots
 	roleBan
 )
-
-// guards checks and parses the zone's concurrency, concurrency_lease, ban
-// and ban_after into s.
-func (zc *Zone) guards(s *zoneSettings) error {
-	if zc.Concurrency < 0 {
-		return fmt.Errorf("concurrency: must be greater than 0, got %d", zc.Concurrency)
-	}
-	if zc.ConcurrencyLease != 0 && zc.Concurrency == 0 {
-		return fmt.Errorf("concurrency_lease: only with concurrency, got concurrency_lease %s without it", time.Duration(zc.ConcurrencyLease))
-	}
-	if zc.BanAfter != 0 && zc.Ban == 0 {
-		return fmt.Errorf("ban_after: only with ban, got ban_after %d without it", zc.BanAfter)
-	}
-	if zc.Concurrency > 0 {
-		lease := time.Duration(zc.ConcurrencyLease)
-		if lease == 0 {
-			lease = defaultLease
-		}
-		l, err := algorithms.NewConcurrency(zc.Concurrency, lease)
-		if err != nil {
-			return err
-		}
-		s.slots = &l
-	}
-	return nil
-}
-
-// rateOnly refuses the options of a rate in a zone that has only
-// concurrency: they would be silently ignored.
-func (zc *Zone) rateOnly() error {
-	for _, f := range []struct {
-		name string
-		set  bool
-		val  any
-	}{
-		{"algorithm", zc.Algorithm != "", zc.Algorithm},
-		{"burst", zc.Burst != 0, zc.Burst},
-		{"max_delay", zc.MaxDelay != 0, time.Duration(zc.MaxDelay)},
-		{"cost", zc.Cost != "", string(zc.Cost)},
-		{"default_cost", zc.DefaultCost != nil, zc.DefaultCost},
-	} {
-		if f.set {
-			if p, ok := f.val.(*float64); ok {
-				f.val = *p
-			}
-			return fmt.Errorf("%s: belongs to a rate, and the zone has only concurrency (no events and window); got %s %v", f.name, f.name, f.val)
-		}
-	}
-	return nil
-}
 
 // openPart opens a part of zone z (whose shared fields are set) for limit
 // l: its own store state (under storeName: the zone's name, or a tier's),
@@ -104,9 +56,9 @@ func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit, storeName
 	if z.base != nil {
 		p.base = z.base
 	}
-	p.hname = z.name
+	p.quota = ratelimitheader.Quota{Name: z.name, Limit: &p.spec.Limit}
 	if role != roleBan {
-		p.policy = policyItem(z.name, l)
+		p.quota.Policy = ratelimitheader.PolicyItem(z.name, l)
 		p.limitValue = l.Events
 	}
 	var err error
@@ -117,7 +69,7 @@ func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit, storeName
 		h.warnMemoryBound(p.spec)
 	}
 	p.Memory, _ = p.Limiter.(*memory.Store)
-	if p.onError == failLocal && p.Memory == nil {
+	if p.onError == zoneconf.FailLocal && p.Memory == nil {
 		if role == roleRate {
 			h.warnMemoryBound(p.spec)
 		}

@@ -3,7 +3,6 @@ package tollgate
 import (
 	"context"
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -13,6 +12,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
@@ -171,9 +172,9 @@ func (h *Handler) onStoreError(results []result, err error) ([]result, error) {
 			h.logStoreError(z.base, err) // once per zone
 		}
 		switch z.onError {
-		case failDeny:
+		case zoneconf.FailDeny:
 			return nil, errStoreUnavailable{zone: z.name, err: err}
-		case failLocal:
+		case zoneconf.FailLocal:
 			if z.Memory != nil { // the memory store, or the local copy
 				results[n] = results[i]
 				if results[n].Strike > 0 {
@@ -205,7 +206,7 @@ func (h *Handler) noteDryRuns(r *http.Request, results []result) {
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, results []result, now int64) (goOn bool, err error) {
 	h.writeHeaders(w.Header(), results, -1, -1, now)
 	if len(results) > 0 {
-		placeholdersOf(r, repl).setQuota(&results[mostRestrictive(results, -1)])
+		placeholdersOf(r, repl).setQuota(&results[ratelimitheader.MostRestrictive(results, -1)])
 	}
 	if h.slots || maxDelay(results) > 0 || (h.responses && shared.Settles(results)) {
 		return false, h.admitHeld(w, r, next, results)
@@ -253,10 +254,10 @@ func (h *Handler) logUndoErrors(z *zone, err error) {
 // request, none if one of them never can.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, results []result, rejected int, now int64) error {
 	res := &results[rejected]
-	quota := &results[shown(results, rejected)] // a ban's zone reports its rate
+	quota := &results[ratelimitheader.Shown(results, rejected)] // a ban's zone reports its rate
 	retryAfter := int64(-1)
-	if wait := admitWait(results); wait != algorithms.Never {
-		retryAfter = retryAfterSeconds(wait, h.Jitter, res.Z.name, res.Key)
+	if wait := ratelimitheader.AdmitWait(results); wait != algorithms.Never {
+		retryAfter = ratelimitheader.RetryAfter(wait, h.Jitter, res.Z.name, res.Key)
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 	}
 	h.writeHeaders(w.Header(), results, rejected, retryAfter, now)
@@ -268,63 +269,10 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	return answer(w, r, h.status, errRateLimited{zone: res.Z.name})
 }
 
-// admitWait is the µs until every zone of a rejected request that is not a
-// dry run would admit it, or algorithms.Never. Each zone's wait was found
-// with nothing charged, and a zone that admits a request at some time
-// admits it at every later time while nothing else is charged, so the
-// longest wait is when they all do.
-func admitWait(results []result) int64 {
-	var wait int64
-	for i := range results {
-		d := &results[i].D
-		if results[i].Z.DryRun || d.Allowed {
-			continue
-		}
-		if d.Wait == algorithms.Never {
-			return algorithms.Never
-		}
-		wait = max(wait, d.Wait)
-	}
-	return wait
-}
-
 // errRateLimited is the error a rejected request is answered with.
 type errRateLimited struct{ zone string }
 
 func (e errRateLimited) Error() string { return "rate limit exceeded in zone " + e.zone }
-
-// retryAfterSeconds is Retry-After for a wait of µs: ceil(wait * (1 +
-// jitter * u)) seconds, at least 1, where u in [0, 1) is derived from a hash
-// of the zone and key, so that one identity always gets the same spread.
-func retryAfterSeconds(wait int64, jitter float64, zone, key string) int64 {
-	secs := float64(wait) / 1e6
-	if jitter > 0 {
-		secs *= 1 + jitter*jitterFraction(zone, key)
-	}
-	s := int64(math.Ceil(secs))
-	if s < 1 {
-		s = 1
-	}
-	return s
-}
-
-// jitterFraction maps (zone, key) to [0, 1) with FNV-1a, without allocating.
-func jitterFraction(zone, key string) float64 {
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
-	for i := 0; i < len(zone); i++ {
-		h = (h ^ uint64(zone[i])) * prime
-	}
-	h = (h ^ 0xff) * prime // separator: no byte of a zone name is 0xff
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint64(key[i])) * prime
-	}
-	// FNV's low bits mix poorly; finish with a 64-bit avalanche.
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	return float64(h>>11) / (1 << 53)
-}
 
 // maxDelay is the longest shaping delay among results. A dry-run zone's
 // delay is charged (its state is what enforcing would have built) but not

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 )
 
 // heldHandler provisions a handler with one zone of 4 requests in flight
@@ -194,7 +195,7 @@ func BenchmarkHeldRequests(b *testing.B) {
 			if store == "redis" {
 				srv = redistest.Start(b)
 			}
-			h := heldHandler(b, srv, defaultLease)
+			h := heldHandler(b, srv, zoneconf.DefaultLease)
 			reqs := benchRequests(50_000)
 			for range b.N {
 				cost, end := measureHeld(b, h, reqs)
@@ -202,7 +203,7 @@ func BenchmarkHeldRequests(b *testing.B) {
 					c := srv.Client()
 					before := redistest.Calls(b, c, "evalsha", "eval", "fcall")
 					renewed := redistest.Calls(b, c, "zadd") // a renewal is a ZADD XX in a script
-					window := 2 * defaultLease / 3           // two renewals of each lease
+					window := 2 * zoneconf.DefaultLease / 3  // two renewals of each lease
 					time.Sleep(window)
 					calls := redistest.Calls(b, c, "evalsha", "eval", "fcall") - before
 					renewed = redistest.Calls(b, c, "zadd") - renewed

@@ -20,6 +20,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 )
 
 // fakeNow is the clock of every handler the tests provision: µs since the
@@ -185,8 +187,8 @@ func TestJSONConfig(t *testing.T) {
 
 	now := fakeNow.Load()
 	windowEnd := now - now%(3600*microsPerSecond) + 3600*microsPerSecond
-	toEnd := ceilSeconds(windowEnd - now)
-	resetAt := fmt.Sprint(ceilSeconds(now) + toEnd)
+	toEnd := ratelimitheader.CeilSeconds(windowEnd - now)
+	resetAt := fmt.Sprint(ratelimitheader.CeilSeconds(now) + toEnd)
 	for i, w := range []want{
 		{200, map[string]string{"RateLimit-Limit": "2", "RateLimit-Remaining": "1", "RateLimit-Reset": fmt.Sprint(toEnd), "X-RateLimit-Remaining": "1", "X-RateLimit-Reset": resetAt, "RateLimit": ""}, "ok"},
 		{200, map[string]string{"RateLimit-Remaining": "0"}, "ok"},

@@ -1,15 +1,16 @@
 package tollgate
 
 import (
-	"strconv"
-
-	"github.com/caddy-tollgate/tollgate/algorithms"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 )
 
 // TestHeaderKeyMatchesTheReplacer: a key that is exactly one request
@@ -50,12 +51,12 @@ func TestHeaderKeyMatchesTheReplacer(t *testing.T) {
 // TestIETFValueBeyondItsBuffer: a RateLimit value longer than the stack
 // buffer (several zones with long names) is written whole.
 func TestIETFValueBeyondItsBuffer(t *testing.T) {
-	h := &Handler{headers: headersIETF}
+	h := &Handler{headers: ratelimitheader.ModeIETF}
 	var results []result
 	want := ""
 	for i, name := range []string{"a-zone-with-a-rather-long-name-0123456789012345678901234", "b-zone-with-a-rather-long-name-0123456789012345678901234", "c-zone-with-a-rather-long-name-0123456789012345678901234"} {
-		z := &zone{name: name, hname: name, policy: `"` + name + `";q=1;w=1`}
-		z.base = z
+		z := &zone{name: name, quota: ratelimitheader.Quota{Name: name, Policy: `"` + name + `";q=1;w=1`}}
+		z.base, z.quota.Limit = z, &z.spec.Limit
 		results = append(results, result{Z: z, Zone: &z.Zone, D: algorithms.Decision{Allowed: true, Remaining: int64(i), Reset: 1}})
 		if i > 0 {
 			want += ", "

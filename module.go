@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -17,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
@@ -90,7 +91,7 @@ type Handler struct {
 	requestJSON []string
 
 	zones      []*zone
-	headers    headerModes
+	headers    ratelimitheader.Modes
 	status     int
 	backend    Backend
 	mem        *MemoryStorage      // the default backend, or on_storage_error local's local copies
@@ -133,7 +134,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil {
 		return err
 	}
-	h.headers, _ = parseHeaderModes(h.Headers)
+	h.headers, _ = ratelimitheader.ParseModes(h.Headers)
 	h.status = h.Status
 	if h.status == 0 {
 		h.status = 429
@@ -164,7 +165,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.store.Pool = h.redis.client
 	}
 
-	order, err := h.zoneOrder()
+	order, err := zoneconf.Order(h.ZoneOrder, h.RateLimits)
 	if err != nil {
 		return err
 	}
@@ -216,7 +217,7 @@ func (h *Handler) Validate() error {
 	if err := checkStorageModule(h.StorageRaw); err != nil {
 		return err
 	}
-	if _, err := parseHeaderModes(h.Headers); err != nil {
+	if _, err := ratelimitheader.ParseModes(h.Headers); err != nil {
 		return err
 	}
 	if h.Status != 0 && (h.Status < 400 || h.Status > 599) {
@@ -234,12 +235,12 @@ func (h *Handler) Validate() error {
 	if len(h.RateLimits) == 0 {
 		return fmt.Errorf("rate_limits: at least one zone is required")
 	}
-	order, err := h.zoneOrder()
+	order, err := zoneconf.Order(h.ZoneOrder, h.RateLimits)
 	if err != nil {
 		return err
 	}
 	for _, name := range order {
-		if err := validZoneName(name); err != nil {
+		if err := zoneconf.ValidName(name); err != nil {
 			return err
 		}
 		zc := h.RateLimits[name]
@@ -309,18 +310,10 @@ func (h *Handler) warnIfRedisUnreachable(ctx caddy.Context) {
 	}
 	zones := make([]string, len(h.zones))
 	for i, z := range h.zones {
-		zones[i] = z.name + ": " + onErrorEffect[z.onError]
+		zones[i] = z.name + ": " + z.onError.Effect()
 	}
 	h.logger.Warn("redis storage unreachable at start: each zone's on_storage_error applies until it answers",
 		zap.Error(err), zap.Strings("zones", zones))
-}
-
-// onErrorEffect says what each on_storage_error does while the store is
-// unreachable, for the log.
-var onErrorEffect = [...]string{
-	failAllow: "on_storage_error allow: every request is let through, unlimited",
-	failDeny:  "on_storage_error deny: every request gets a 503 with Retry-After: 1",
-	failLocal: "on_storage_error local: the limit is enforced from this instance's memory",
 }
 
 // Cleanup withdraws the zones from the admin API (and the series of zones
@@ -347,31 +340,6 @@ func (h *Handler) Cleanup() error {
 		return h.mem.Cleanup()
 	}
 	return nil
-}
-
-// zoneOrder returns the zone names in evaluation order: ZoneOrder, then
-// the zones it does not name, sorted.
-func (h *Handler) zoneOrder() ([]string, error) {
-	names := make([]string, 0, len(h.RateLimits))
-	seen := make(map[string]bool, len(h.RateLimits))
-	for _, n := range h.ZoneOrder {
-		if _, ok := h.RateLimits[n]; !ok {
-			return nil, fmt.Errorf("zone_order: %q is not a zone in rate_limits", n)
-		}
-		if seen[n] {
-			return nil, fmt.Errorf("zone_order: %q given twice", n)
-		}
-		names = append(names, n)
-		seen[n] = true
-	}
-	var rest []string
-	for n := range h.RateLimits {
-		if !seen[n] {
-			rest = append(rest, n)
-		}
-	}
-	sort.Strings(rest)
-	return append(names, rest...), nil
 }
 
 // sweep forgets fresh keys from the memory stores every interval until stop

@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
@@ -316,7 +317,7 @@ func TestSettlementsReachRedisOnce(t *testing.T) {
 		zone string
 		used int64
 	}{{"spend", 0 + 2 + 9 + 1 + 3 + 7}, {"fails", 2}} {
-		var st keyState
+		var st adminapi.KeyState
 		if code := adminDo(t, http.MethodGet, "/rate_limit/zones/"+c.zone+"/keys/once", &st); code != 200 || st.Remaining != 100-c.used {
 			t.Errorf("zone %s: status %d, %d remaining; want 200, %d (each settlement applied once)", c.zone, code, st.Remaining, 100-c.used)
 		}

@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/internal/bodyscan"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 )
 
 // placeholders are a request's {http.rate_limit.*} values, which later
@@ -55,7 +57,7 @@ func placeholdersOf(r *http.Request, repl *caddy.Replacer) *placeholders {
 // setQuota reports res's zone's limit and remaining: on an allowed request
 // the most restrictive zone's, on a rejected one the rejecting zone's.
 func (p *placeholders) setQuota(res *result) {
-	p.quota, p.remaining = res.Z, shownRemaining(res.D.Remaining)
+	p.quota, p.remaining = res.Z, ratelimitheader.ShownRemaining(res.D.Remaining)
 }
 
 // get is the provider: it answers {http.rate_limit.limit} and
@@ -95,10 +97,6 @@ func (p *placeholders) get(key string) (any, bool) {
 // String keeps the request variable empty should anything print it.
 func (p *placeholders) String() string { return "" }
 
-// requestJSONPlaceholder starts the placeholders of a number in the
-// request's JSON body, such as {http.rate_limit.request.json.max_tokens}.
-const requestJSONPlaceholder = "http.rate_limit.request.json."
-
 // readRequestJSON reads the numbers at paths in the request's JSON body
 // into their placeholders (see bodyscan.ReadRequest); a body that is
 // longer than the bound, not one whole JSON document, or lacks a path
@@ -112,7 +110,7 @@ func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
 	}
 	for _, p := range paths {
 		if n, ok := bodyscan.NumberAt(doc, strings.Split(p, ".")); ok {
-			repl.Set(requestJSONPlaceholder+p, string(n))
+			repl.Set(zoneconf.RequestJSONPrefix+p, string(n))
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/bodyscan"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
@@ -37,80 +38,6 @@ type responseRule struct {
 	// headers: match or cost reads the response's headers, which the tap
 	// then keeps as the upstream wrote them.
 	headers bool
-}
-
-// respHeaderPlaceholder starts Caddy's placeholders of a response header.
-const respHeaderPlaceholder = "http.response.header."
-
-// jsonPlaceholder starts the placeholders of a number in the response
-// body.
-const jsonPlaceholder = "http.rate_limit.response.json."
-
-// responseSettings checks count_response and cost_response and parses them
-// into s.response.
-func (zc *Zone) responseSettings(s *zoneSettings) error {
-	if zc.CountResponse == nil && zc.CostResponse == "" {
-		return nil
-	}
-	field := "count_response"
-	if zc.CountResponse == nil {
-		field = "cost_response"
-	}
-	if !s.rate {
-		return fmt.Errorf("%s: needs a rate (events and window); a zone with only concurrency counts requests in flight, not responses", field)
-	}
-	rule := &responseRule{match: zc.CountResponse}
-	if m := zc.CountResponse; m != nil {
-		if m.StatusCode == nil && m.Headers == nil {
-			return fmt.Errorf("count_response: give a status or a header to match; an empty matcher matches every response")
-		}
-		for _, code := range m.StatusCode {
-			if (code < 1 || code > 5) && (code < 100 || code > 599) {
-				return fmt.Errorf("count_response: status %d is neither a class (1 to 5, or 1xx to 5xx) nor a status code (100 to 599)", code)
-			}
-		}
-	}
-	if c := strings.TrimSpace(zc.CostResponse); c != "" {
-		if !strings.Contains(c, "{") {
-			return fmt.Errorf("cost_response: must be a placeholder template such as {http.response.header.X-Usage}, got %q", zc.CostResponse)
-		}
-		if err := s.limit.CanSettle(); err != nil {
-			return fmt.Errorf("cost_response: %w", err)
-		}
-		paths, err := jsonPaths(c, jsonPlaceholder)
-		if err != nil {
-			return fmt.Errorf("cost_response: %w", err)
-		}
-		rule.cost, rule.json = c, paths
-	}
-	rule.headers = (rule.match != nil && rule.match.Headers != nil) || strings.Contains(rule.cost, "{"+respHeaderPlaceholder)
-	s.response = rule
-	return nil
-}
-
-// jsonPaths returns the dotted paths of the placeholders starting with
-// prefix (a body-number placeholder's) in a template, checking each.
-func jsonPaths(tmpl, prefix string) ([]string, error) {
-	var paths []string
-	for rest := tmpl; ; {
-		i := strings.Index(rest, "{"+prefix)
-		if i < 0 {
-			return paths, nil
-		}
-		rest = rest[i+1+len(prefix):]
-		end := strings.IndexAny(rest, "}:")
-		if end < 0 {
-			return nil, fmt.Errorf("unclosed placeholder {%s%s", prefix, rest)
-		}
-		path := rest[:end]
-		for _, seg := range strings.Split(path, ".") {
-			if seg == "" {
-				return nil, fmt.Errorf("{%s%s}: a dotted path of names, such as usage.total_tokens, has no empty segment", prefix, path)
-			}
-		}
-		paths = append(paths, path)
-		rest = rest[end:]
-	}
 }
 
 // unmarshalCountResponse parses `count_response <response matcher>`: the
@@ -178,7 +105,7 @@ func (h *Handler) settle(r *http.Request, results []result, tap *responseTap, st
 	repl.Set("http.response.status", status)
 	repl.Set("http.response.size", tap.size)
 	if tap.scan != nil {
-		tap.scan.Finish(func(path, num string) { repl.Set(jsonPlaceholder+path, num) })
+		tap.scan.Finish(func(path, num string) { repl.Set(zoneconf.ResponseJSONPrefix+path, num) })
 	}
 	header, costRepl := tap.header, repl
 	if header == nil {
@@ -215,7 +142,7 @@ func (rule *responseRule) actual(cost int64, status int, header http.Header, rep
 func writtenHeaders(repl *caddy.Replacer, header http.Header) *caddy.Replacer {
 	r := caddy.NewEmptyReplacer()
 	r.Map(func(key string) (any, bool) {
-		if name, ok := strings.CutPrefix(key, respHeaderPlaceholder); ok {
+		if name, ok := strings.CutPrefix(key, zoneconf.ResponseHeaderPrefix); ok {
 			return strings.Join(header[textproto.CanonicalMIMEHeaderKey(name)], ","), true
 		}
 		return repl.Get(key)

@@ -15,6 +15,8 @@ import (
 	"github.com/andybalholm/brotli"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 )
 
 // Tests of what count_response and cost_response read: the response as
@@ -340,7 +342,7 @@ func TestRemainingNeverNegative(t *testing.T) {
 					t.Errorf("%s: RateLimit r = %d, want 0", step, r)
 				}
 			}
-			var st keyState
+			var st adminapi.KeyState
 			if code := adminDo(t, "GET", "/rate_limit/zones/usage/keys/"+strings.TrimPrefix(client, "X-Client: "), &st); code != 200 || st.Remaining != 0 {
 				t.Errorf("admin API: %d, remaining %d; want 200, remaining 0", code, st.Remaining)
 			}

@@ -1,12 +1,9 @@
 package tollgate
 
 import (
-	"fmt"
-
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/memory"
 )
@@ -44,38 +41,6 @@ type pooledStore struct{ *memory.Store }
 // beyond memory.
 func (pooledStore) Destruct() error { return nil }
 
-// memoryPoolKey identifies a zone's state: a zone whose algorithm or limit
-// changes starts afresh, since its old state means something else. A
-// Redis zone's local copy is kept apart from a memory zone of the same
-// name and limit: it runs on Redis's clock and holds what Redis decided,
-// so a reload between Redis and memory starts the zone afresh either way.
-//
-// Concurrency counts are requests in flight, which a reload does not end:
-// they are kept whatever max_keys and the lease (which memory does not
-// use) say, so that the requests running across a reload keep their
-// slots, and give them back where they took them.
-func memoryPoolKey(z storage.Zone, local bool) string {
-	l := z.Limit
-	maxKeys := z.MaxKeys
-	if l.Kind == algorithms.Concurrency {
-		l.Window, maxKeys = 0, 0
-	}
-	key := fmt.Sprintf("%s/%s/%d/%d/%d/%d/%d/%d", z.Name, l.Kind, l.Events, l.Window, l.Burst, l.MaxDelay, l.Hold, maxKeys)
-	if c := l.Calendar; c.Unit != algorithms.NoUnit {
-		// Windows of the same nominal length in another zone or unit
-		// are other windows.
-		loc := "UTC"
-		if c.Loc != nil {
-			loc = c.Loc.String()
-		}
-		key += "/" + c.String() + "@" + loc
-	}
-	if local {
-		key = "local:" + key
-	}
-	return key
-}
-
 // OpenLimiter returns the zone's memory store, the same one across reloads.
 func (m *MemoryStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
 	return m.open(z)
@@ -83,7 +48,7 @@ func (m *MemoryStorage) OpenLimiter(z storage.Zone) (storage.Limiter, error) {
 
 // open is OpenLimiter, returning the store by its type.
 func (m *MemoryStorage) open(z storage.Zone) (*memory.Store, error) {
-	key := memoryPoolKey(z, m.local)
+	key := memory.PoolKey(z, m.local)
 	v, _, err := memoryZones.LoadOrNew(key, func() (caddy.Destructor, error) {
 		return pooledStore{memory.New(z)}, nil
 	})

@@ -1,10 +1,8 @@
 package tollgate
 
 import (
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -126,24 +124,10 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	r.timeout = time.Duration(r.Timeout)
-	if r.timeout == 0 {
-		r.timeout = DefaultRedisTimeout
-	}
 	prefix := redisstore.DefaultPrefix
 	if r.KeyPrefix != nil {
 		prefix = *r.KeyPrefix
 	}
-	opts.ContextTimeoutEnabled = true // the per-decision deadline is the context's
-	opts.ReadTimeout = r.timeout
-	opts.WriteTimeout = r.timeout
-	// No retries: a script whose reply was lost may have run, and running
-	// it again would charge the request twice.
-	opts.MaxRetries = -1
-	// A call that waits for a pool connection gives up with
-	// ErrPoolTimeout before its deadline, so that the breaker can tell a
-	// busy pool (load on this instance) from a slow Redis.
-	opts.PoolTimeout = r.timeout * 3 / 4
 
 	pipeline, err := onOff("pipeline", r.Pipeline)
 	if err != nil {
@@ -190,74 +174,32 @@ func (r *RedisStorage) ping(ctx caddy.Context) error {
 	return r.client.Ping(ctx, max(redisPingTimeout, r.timeout))
 }
 
-// options builds the client options from the fields, placeholders replaced.
+// options builds the client options from the fields, placeholders
+// replaced and the timeout defaulted (see shared.ClientConfig).
 func (r *RedisStorage) options() (*goredis.UniversalOptions, error) {
+	r.timeout = time.Duration(r.Timeout)
+	if r.timeout == 0 {
+		r.timeout = DefaultRedisTimeout
+	}
 	repl := caddy.NewReplacer()
-	o := &goredis.UniversalOptions{
-		Username:   repl.ReplaceAll(r.Username, ""),
-		Password:   repl.ReplaceAll(r.Password, ""),
-		DB:         r.DB,
-		MasterName: r.SentinelMaster,
-		PoolSize:   r.PoolSize,
-	}
-	if r.DB < 0 {
-		return nil, fmt.Errorf("db: must not be negative, got %d", r.DB)
-	}
-	if r.PoolSize < 0 {
-		return nil, fmt.Errorf("pool_size: must not be negative, got %d", r.PoolSize)
-	}
-	if r.Timeout < 0 {
-		return nil, fmt.Errorf("timeout: must not be negative, got %s", time.Duration(r.Timeout))
+	c := shared.ClientConfig{
+		URL:            repl.ReplaceAll(r.URL, ""),
+		SentinelMaster: r.SentinelMaster,
+		Username:       repl.ReplaceAll(r.Username, ""),
+		Password:       repl.ReplaceAll(r.Password, ""),
+		DB:             r.DB,
+		PoolSize:       r.PoolSize,
+		Cluster:        r.Cluster,
+		TLS:            r.TLS != nil,
+		Timeout:        r.timeout,
 	}
 	for _, a := range r.Addresses {
-		a = repl.ReplaceAll(a, "")
-		if _, port, ok := strings.Cut(a, ":"); !ok || port == "" {
-			return nil, fmt.Errorf("addresses: want host:port, got %q", a)
-		}
-		o.Addrs = append(o.Addrs, a)
-	}
-	o.IsClusterMode = r.Cluster
-	if u := repl.ReplaceAll(r.URL, ""); u != "" {
-		if len(o.Addrs) > 0 {
-			return nil, fmt.Errorf("url and addresses: give one or the other")
-		}
-		for _, scheme := range []string{"redis", "rediss"} {
-			if rest, ok := strings.CutPrefix(u, scheme+"+cluster://"); ok {
-				u, o.IsClusterMode = scheme+"://"+rest, true
-			}
-		}
-		parsed, err := shared.ParseURL(u)
-		if err != nil {
-			return nil, err
-		}
-		o.Addrs = []string{parsed.Addr}
-		if o.Username == "" {
-			o.Username = parsed.Username
-		}
-		if o.Password == "" {
-			o.Password = parsed.Password
-		}
-		if r.DB == 0 {
-			o.DB = parsed.DB
-		}
-		o.TLSConfig = parsed.TLSConfig
-	}
-	if len(o.Addrs) == 0 {
-		o.Addrs = []string{"localhost:6379"}
-	}
-	if o.MasterName == "" && (len(o.Addrs) > 1 || o.IsClusterMode) && o.DB != 0 {
-		return nil, fmt.Errorf("db: a Redis Cluster has only database 0, got %d", o.DB)
-	}
-	if o.MasterName != "" && o.IsClusterMode {
-		return nil, fmt.Errorf("cluster and sentinel_master: a Sentinel-managed Redis is not a Cluster; give one or the other")
+		c.Addresses = append(c.Addresses, repl.ReplaceAll(a, ""))
 	}
 	if r.TLS != nil {
-		if o.TLSConfig == nil {
-			o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
-		o.TLSConfig.InsecureSkipVerify = r.TLS.InsecureSkipVerify
+		c.InsecureSkipVerify = r.TLS.InsecureSkipVerify
 	}
-	return o, nil
+	return c.Options()
 }
 
 // Cleanup releases the shared client.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
@@ -78,7 +79,7 @@ func TestTiersThroughCaddy(t *testing.T) {
 
 			// The key's state is kept per tier: in the admin API, and
 			// reset per tier or in every tier.
-			var st keyState
+			var st adminapi.KeyState
 			if code := adminDo(t, "GET", "/rate_limit/zones/api/keys/Bearer%20gold-key?tier=gold", &st); code != 200 || st.Tier != "gold" || st.Remaining != 0 {
 				t.Errorf("GET gold tier: %d %+v", code, st)
 			}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
-	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
+	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
@@ -158,9 +159,6 @@ type Zone struct {
 	CostResponse string `json:"cost_response,omitempty"`
 }
 
-// defaultLease is concurrency_lease when it is not set.
-const defaultLease = 30 * time.Second
-
 // Cost is a request cost: a number, or a template of placeholders. In JSON
 // it is a number or a string.
 type Cost string
@@ -188,28 +186,6 @@ func (c Cost) MarshalJSON() ([]byte, error) {
 	return json.Marshal(string(c))
 }
 
-// defaultKey is the Caddyfile's {client_ip}.
-const defaultKey = "{http.vars.client_ip}"
-
-// defaultIPv6Prefix is ipv6_prefix when it is not set.
-const defaultIPv6Prefix = 64
-
-// capacityField names what sets a limit's capacity, for error messages.
-func capacityField(l algorithms.Limit) string {
-	switch l.Kind {
-	case algorithms.TokenBucket, algorithms.GCRA, algorithms.LeakyBucket:
-		return "burst"
-	}
-	return "events"
-}
-
-// onStorageError modes.
-const (
-	failAllow = iota
-	failDeny
-	failLocal
-)
-
 // zone is a provisioned Zone.
 type zone struct {
 	name     string
@@ -225,18 +201,15 @@ type zone struct {
 	cost         int64  // constant cost, milli
 	defaultCost  int64  // milli
 
-	onError int
+	onError zoneconf.OnError
 
 	// Zone is what the store runtime knows of this part: its limiter, its
 	// memory store or local copy, whether it is a dry run.
 	shared.Zone
 
-	policy string // this part's RateLimit-Policy item, built once; "" for a ban
-	hname  string // this part's name in RateLimit headers
-	// zonePolicy, on a rate part (the zone's or a tier's) of a zone with
-	// a ban or concurrency: the RateLimit-Policy of the zone's parts with
-	// this rate, when they are all a request applies; built once.
-	zonePolicy string
+	// quota is this part's place in the rate-limit headers, built once;
+	// a ban has no policy.
+	quota ratelimitheader.Quota
 
 	// The {http.rate_limit.limit} value, boxed once (see placeholders).
 	limitValue any
@@ -266,25 +239,6 @@ type zone struct {
 	requestJSON []string
 }
 
-// zoneSettings are a Zone's values, checked and parsed: all of a zone
-// that needs no caddy.Context.
-type zoneSettings struct {
-	rate           bool             // the zone has a rate (events and window)
-	limit          algorithms.Limit // the rate
-	loc            *time.Location   // a calendar window's time zone, else nil
-	slots          *algorithms.Limit
-	ban            *algorithms.Limit
-	tiers          tierSettings
-	key            string
-	v4bits, v6bits int
-	costTemplate   string // empty when the cost is constant
-	cost           int64  // constant cost, milli
-	defaultCost    int64  // milli
-	onError        int
-	response       *responseRule // count_response, cost_response; nil without them
-	requestJSON    []string      // the paths of cost's {http.rate_limit.request.json.*}
-}
-
 // validate checks every value of the zone, naming the field and the
 // value. It is the one set of zone checks: the Caddyfile adapter runs it on
 // each zone it parses (so that `caddy adapt` fails with the file and line
@@ -294,153 +248,48 @@ func (zc *Zone) validate() error {
 	return err
 }
 
-// algorithm is the zone's algorithm: as written, else token_bucket beside a
-// burst (a bucket's capacity), else sliding_log (the Caddyfile adapter
-// writes token_bucket for a zone written with rate).
-func (zc *Zone) algorithm() string {
-	if zc.Algorithm != "" {
-		return zc.Algorithm
-	}
-	if zc.Burst != 0 {
-		return algorithms.TokenBucket.String()
-	}
-	for _, t := range zc.Tiers {
-		if t != nil && t.Burst != 0 {
-			return algorithms.TokenBucket.String()
-		}
-	}
-	return algorithms.SlidingLog.String()
-}
-
 // settings checks the zone's values and returns them parsed, defaults
-// applied. Its errors start with the field they are about.
-func (zc *Zone) settings() (zoneSettings, error) {
-	var s zoneSettings
-	kind, err := algorithms.ParseKind(zc.algorithm())
-	if err != nil {
-		return s, fmt.Errorf("algorithm: %w", err)
+// applied (see zoneconf.Parse). Its errors start with the field they are
+// about.
+func (zc *Zone) settings() (zoneconf.Settings, error) {
+	c := zoneconf.Zone{
+		Key:              zc.Key,
+		Algorithm:        zc.Algorithm,
+		Events:           zc.Events,
+		MaxEvents:        zc.MaxEvents,
+		Window:           time.Duration(zc.Window),
+		Months:           zc.months,
+		Align:            zc.Align,
+		Timezone:         zc.Timezone,
+		Burst:            zc.Burst,
+		Cost:             string(zc.Cost),
+		DefaultCost:      zc.DefaultCost,
+		MaxDelay:         time.Duration(zc.MaxDelay),
+		IPv4Prefix:       zc.IPv4Prefix,
+		IPv6Prefix:       zc.IPv6Prefix,
+		OnStorageError:   zc.OnStorageError,
+		Concurrency:      zc.Concurrency,
+		ConcurrencyLease: time.Duration(zc.ConcurrencyLease),
+		Ban:              time.Duration(zc.Ban),
+		BanAfter:         zc.BanAfter,
+		TierKey:          zc.TierKey,
+		CountResponse:    zc.CountResponse != nil,
+		CostResponse:     zc.CostResponse,
 	}
-	events, eventsField := zc.Events, "events"
-	if zc.MaxEvents != 0 {
-		if zc.Events != 0 {
-			return s, fmt.Errorf("events and max_events: give one or the other (max_events is mholt/caddy-ratelimit's name for events), got %d and %d", zc.Events, zc.MaxEvents)
-		}
-		events, eventsField = zc.MaxEvents, "max_events"
+	if m := zc.CountResponse; m != nil {
+		c.CountStatus, c.CountHeaders = m.StatusCode, m.Headers != nil
 	}
-	if err := zc.guards(&s); err != nil {
-		return s, err
-	}
-	s.rate = events != 0 || zc.Window != 0 || zc.months != 0
-	loc, err := zc.location(kind)
-	if err != nil {
-		return s, err
-	}
-	s.loc = loc
-	if !s.rate && s.slots == nil {
-		return s, fmt.Errorf("events and window are required (or rate), unless the zone has only concurrency")
-	}
-	if !s.rate {
-		if err := zc.rateOnly(); err != nil {
-			return s, err
-		}
-		s.limit = *s.slots
-	} else {
-		if loc != nil {
-			s.limit, err = calendarLimit(events, zc.Window, zc.months, loc)
-		} else {
-			s.limit, err = algorithms.NewLimit(kind, events, time.Duration(zc.Window), zc.Burst, time.Duration(zc.MaxDelay))
-			if err != nil && zc.Algorithm == "" && kind == algorithms.SlidingLog && events > algorithms.MaxLogEvents {
-				err = fmt.Errorf("events: a zone with events and window and no algorithm is a sliding_log (at most events in any window, exactly), which keeps a time per event and allows at most %d, got %d; set algorithm sliding_window (two counters per key) or token_bucket, or write rate",
-					algorithms.MaxLogEvents, events)
+	if zc.Tiers != nil {
+		c.Tiers = make(map[string]*zoneconf.Tier, len(zc.Tiers))
+		for value, t := range zc.Tiers {
+			if t == nil {
+				c.Tiers[value] = nil
+				continue
 			}
-		}
-		if err != nil {
-			if rest, ok := strings.CutPrefix(err.Error(), "events: "); ok && eventsField != "events" {
-				err = fmt.Errorf("%s: %s", eventsField, rest)
-			}
-			return s, err
+			c.Tiers[value] = &zoneconf.Tier{Events: t.Events, Window: time.Duration(t.Window), Months: t.months, Burst: t.Burst, Unlimited: t.Unlimited}
 		}
 	}
-	if zc.Ban != 0 {
-		if !s.rate {
-			return s, fmt.Errorf("ban: a ban counts the zone's rejections within its window, so it needs a rate (events and window); got ban %s in a zone with only concurrency", time.Duration(zc.Ban))
-		}
-		after := zc.BanAfter
-		if after == 0 {
-			after = 1
-		}
-		b, err := algorithms.NewBan(after, time.Duration(zc.Window), time.Duration(zc.Ban))
-		if err != nil {
-			return s, err
-		}
-		s.ban = &b
-	}
-
-	s.key = zc.Key
-	if s.key == "" {
-		s.key = defaultKey
-	}
-	if zc.IPv4Prefix < 0 || zc.IPv4Prefix > 32 {
-		return s, fmt.Errorf("ipv4_prefix: must be in [0, 32], got %d", zc.IPv4Prefix)
-	}
-	if zc.IPv6Prefix < 0 || zc.IPv6Prefix > 128 {
-		return s, fmt.Errorf("ipv6_prefix: must be in [0, 128], got %d", zc.IPv6Prefix)
-	}
-	s.v4bits, s.v6bits = zc.IPv4Prefix, zc.IPv6Prefix
-	if s.v4bits == 0 {
-		s.v4bits = 32
-	}
-	if s.v6bits == 0 {
-		s.v6bits = defaultIPv6Prefix
-	}
-
-	s.defaultCost = algorithms.Milli
-	if zc.DefaultCost != nil {
-		m, ok := algorithms.CostMilli(*zc.DefaultCost)
-		if !ok {
-			return s, fmt.Errorf("default_cost: must be a finite number >= 0, got %v", *zc.DefaultCost)
-		}
-		s.defaultCost = m
-	}
-	switch c := strings.TrimSpace(string(zc.Cost)); {
-	case c == "":
-		s.cost = algorithms.Milli
-	case strings.Contains(c, "{"):
-		s.costTemplate = c
-		if s.requestJSON, err = jsonPaths(c, requestJSONPlaceholder); err != nil {
-			return s, fmt.Errorf("cost: %w", err)
-		}
-	default:
-		m, ok := algorithms.ParseCost(c)
-		if !ok {
-			return s, fmt.Errorf("cost: must be a finite number >= 0 or a placeholder template, got %q", string(zc.Cost))
-		}
-		s.cost = m
-	}
-	if s.rate { // a zone of concurrency alone counts requests, not costs
-		if err := zc.costFits(&s, s.limit, "zone"); err != nil {
-			return s, err
-		}
-	}
-
-	if s.tiers, err = zc.tierLimits(&s); err != nil {
-		return s, err
-	}
-	if err := zc.responseSettings(&s); err != nil {
-		return s, err
-	}
-
-	switch zc.OnStorageError {
-	case "allow":
-		s.onError = failAllow
-	case "deny":
-		s.onError = failDeny
-	case "", "local":
-		s.onError = failLocal
-	default:
-		return s, fmt.Errorf("on_storage_error: must be allow, deny or local, got %q", zc.OnStorageError)
-	}
-	return s, nil
+	return zoneconf.Parse(c)
 }
 
 // provisionZone builds a zone that Validate has checked: its parts, each
@@ -450,20 +299,20 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if err != nil {
 		return nil, err
 	}
-	if (s.ban != nil || s.slots != nil) && !h.memory && h.redis == nil {
+	if (s.Ban != nil || s.Slots != nil) && !h.memory && h.redis == nil {
 		return nil, fmt.Errorf("concurrency and ban: need storage memory or redis, which decide them with the rate as one step")
 	}
 	common := &zone{
 		name:         name,
-		key:          s.key,
-		clientIP:     s.key == defaultKey,
-		header:       headerKey(s.key),
-		v4bits:       s.v4bits,
-		v6bits:       s.v6bits,
-		costTemplate: s.costTemplate,
-		cost:         s.cost,
-		defaultCost:  s.defaultCost,
-		onError:      s.onError,
+		key:          s.Key,
+		clientIP:     s.Key == zoneconf.DefaultKey,
+		header:       headerKey(s.Key),
+		v4bits:       s.V4Bits,
+		v6bits:       s.V6Bits,
+		costTemplate: s.CostTemplate,
+		cost:         s.Cost,
+		defaultCost:  s.DefaultCost,
+		onError:      s.OnError,
 		Zone:         shared.Zone{DryRun: zc.DryRun},
 	}
 	if zc.MatcherSetsRaw != nil {
@@ -477,49 +326,51 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	}
 
 	role := roleRate
-	if !s.rate {
+	if !s.Rate {
 		role = roleSlots
 	}
-	z, err := h.openPart(common, role, s.limit, name)
+	z, err := h.openPart(common, role, s.Limit, name)
 	if err != nil {
 		return nil, err
 	}
-	if s.ban != nil {
-		if z.ban, err = h.openPart(z, roleBan, *s.ban, name); err != nil {
+	if s.Ban != nil {
+		if z.ban, err = h.openPart(z, roleBan, *s.Ban, name); err != nil {
 			return nil, fmt.Errorf("ban: %w", err)
 		}
 		z.parts = append(z.parts, z.ban)
 	}
 	z.parts = append(z.parts, z)
-	if s.rate && s.slots != nil {
-		slots, err := h.openPart(z, roleSlots, *s.slots, name)
+	if s.Rate && s.Slots != nil {
+		slots, err := h.openPart(z, roleSlots, *s.Slots, name)
 		if err != nil {
 			return nil, fmt.Errorf("concurrency: %w", err)
 		}
 		// Its own item in the RateLimit headers, beside the rate's; no
 		// zone name has a '/'.
-		slots.hname = name + "/concurrency"
-		slots.policy = policyItem(slots.hname, *s.slots)
+		slots.quota.Name = name + "/concurrency"
+		slots.quota.Policy = ratelimitheader.PolicyItem(slots.quota.Name, *s.Slots)
 		z.parts = append(z.parts, slots)
 	}
 	z.all = append(z.all, z.parts...)
-	z.response = s.response
-	z.requestJSON = s.requestJSON
+	if r := s.Response; r != nil {
+		z.response = &responseRule{match: zc.CountResponse, cost: r.Cost, json: r.JSON, headers: r.Headers}
+	}
+	z.requestJSON = s.RequestJSON
 	if err := h.checkSettlers(z); err != nil {
 		return nil, err
 	}
-	if s.tiers != nil {
-		if err := h.provisionTiers(z, zc.TierKey, s.tiers); err != nil {
+	if s.Tiers != nil {
+		if err := h.provisionTiers(z, zc.TierKey, s.Tiers); err != nil {
 			return nil, err
 		}
 	}
 	for _, p := range z.all {
 		p.Settles = z.response != nil
 	}
-	if len(z.parts) > 1 && s.rate {
+	if len(z.parts) > 1 && s.Rate {
 		for _, rate := range z.all {
 			if rate == z || rate.tier != "" {
-				rate.zonePolicy = z.policyWith(rate)
+				rate.quota.ZonePolicy = z.policyWith(rate)
 			}
 		}
 	}
@@ -534,30 +385,11 @@ func (z *zone) policyWith(rate *zone) string {
 		if p == z {
 			p = rate
 		}
-		if p.policy != "" {
-			items = append(items, p.policy)
+		if p.quota.Policy != "" {
+			items = append(items, p.quota.Policy)
 		}
 	}
 	return strings.Join(items, ", ")
-}
-
-// validZoneName accepts names that can stand unquoted in logs, metrics
-// labels, admin API paths and RateLimit header strings.
-func validZoneName(name string) error {
-	if name == "" {
-		return fmt.Errorf("zone name: must not be empty")
-	}
-	if len(name) > 64 {
-		return fmt.Errorf("zone name: at most 64 characters, got %d", len(name))
-	}
-	for _, r := range name {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-', r == '.':
-		default:
-			return fmt.Errorf("zone name %q: only letters, digits, '_', '-' and '.' are allowed", name)
-		}
-	}
-	return nil
 }
 
 // release closes what the zone's parts opened.
@@ -628,35 +460,4 @@ func (z *zone) resolveCost(repl *caddy.Replacer) int64 {
 		return m
 	}
 	return z.defaultCost
-}
-
-// policyAt is the part's RateLimit-Policy list item for a decision made
-// at now: for a calendar window, the quota per the length of the window
-// that holds now (a DST day is 82800 or 90000 seconds, a month 28 to 31
-// days); for any other part its item built at provision.
-func (z *zone) policyAt(now int64) string {
-	cal := z.spec.Limit.Calendar
-	if cal.Unit == algorithms.NoUnit || z.policy == "" {
-		return z.policy
-	}
-	p := cal.Period(now)
-	return `"` + z.hname + `";q=` + strconv.FormatInt(z.spec.Limit.Events, 10) + `;w=` + strconv.FormatInt(ceilSeconds(p.End-p.Start), 10)
-}
-
-// policyItem is the zone's RateLimit-Policy list item: quota per window in
-// whole seconds, a window under one second written as the equivalent quota
-// per second.
-func policyItem(name string, l algorithms.Limit) string {
-	if l.Kind == algorithms.Concurrency {
-		return `"` + name + `";q=` + strconv.FormatInt(l.Events, 10) + `;qu="concurrent-requests"`
-	}
-	const second = int64(time.Second / time.Microsecond)
-	q, w := l.Events, l.Window/second
-	switch {
-	case l.Window < second:
-		q, w = max(1, l.Events*second/l.Window), 1
-	case l.Window%second != 0:
-		w = (l.Window + second - 1) / second
-	}
-	return `"` + name + `";q=` + strconv.FormatInt(q, 10) + `;w=` + strconv.FormatInt(w, 10)
 }
