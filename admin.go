@@ -299,9 +299,13 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 // they are running, not history, and a reset that forgot them would let
 // the key run n more beside them (in memory, their ends would then count
 // against the new ones).
+//
+// A shared store's keys are reset once, as a grant is made once: see
+// shared.Resets.
 func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string, banOnly bool) error {
 	found := false
 	stored := ""
+	resets := shared.Resets{}
 	for _, lz := range zs {
 		stored = lz.z.storedKey(key)
 		parts := lz.z.all // every part, every tier
@@ -316,17 +320,16 @@ func resetKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string,
 			if banOnly && p.role != roleBan {
 				continue
 			}
-			ok, err := p.Reset(r.Context(), stored, lz.now())
+			ok, err := resets.Reset(r.Context(), &p.Zone, p.role, stored, lz.now())
 			if errors.Is(err, redisstore.ErrNotAnnounced) {
 				// Applied: the missed notice is a warning.
 				lz.h.logger.Warn("rate limit reset applied, but not announced to the other instances", zap.String("zone", lz.z.name), zap.Error(err))
-				err = nil
-			}
-			if err != nil {
-				return storeUnavailable(lz.z.name, err)
 			}
 			found = found || ok
 		}
+	}
+	if err := resets.Err(); err != nil {
+		return storeUnavailable(zs[0].z.name, err)
 	}
 	if banOnly {
 		if !found {

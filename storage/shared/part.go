@@ -97,10 +97,57 @@ func (z *Zone) Reset(ctx context.Context, key string, now int64) (found bool, er
 	if err != nil && !errors.Is(err, redisstore.ErrNotAnnounced) {
 		return false, err
 	}
-	if z.Local != nil {
-		if ok, lerr := z.Local.Reset(ctx, key, now); lerr == nil && ok {
-			found = true
-		}
+	if ok, _ := z.ResetLocal(ctx, key, now); ok {
+		found = true
 	}
 	return found, err
+}
+
+// Resets makes the resets of one admin call: each part's store once, as
+// a grant is made once (see GrantScope). A zone that several handlers
+// define on one Redis, each with its own client, is reset through the
+// first client that applies it, the other handlers' parts only following
+// it in their local copies. A client that fails (its breaker still open
+// while another's has seen Redis answer again) says nothing about the
+// reset: the next handler's client tries. Without this, a reset applied
+// through one client was answered as failed when the next one's breaker
+// was open. Keys are a part's scope and role; values are the last
+// failure, nil once applied.
+type Resets map[[2]any]error
+
+// Reset resets key in part z (role: its role in its zone, which tells a
+// zone's parts apart) at now, unless another part of the same scope and
+// role applied it. An error that wraps redisstore.ErrNotAnnounced says the
+// reset was applied; any other is kept for Err.
+func (rs Resets) Reset(ctx context.Context, z *Zone, role any, key string, now int64) (found bool, err error) {
+	scope := [2]any{GrantScope(z.Limiter), role}
+	if err, tried := rs[scope]; tried && err == nil {
+		return z.ResetLocal(ctx, key, now)
+	}
+	found, err = z.Reset(ctx, key, now)
+	if rs[scope] = err; errors.Is(err, redisstore.ErrNotAnnounced) {
+		rs[scope] = nil
+	}
+	return found, err
+}
+
+// Err is a failure of a part no client applied the reset to, or nil.
+func (rs Resets) Err() error {
+	for _, err := range rs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ResetLocal forgets key in the part's local copy only, if it has one:
+// the part's shared store was reset through another client on the same
+// keys. found reports whether the local copy held the key. A concurrency
+// part keeps its slots (see Reset).
+func (z *Zone) ResetLocal(ctx context.Context, key string, now int64) (found bool, err error) {
+	if z.Local == nil || z.Slots {
+		return false, nil
+	}
+	return z.Local.Reset(ctx, key, now)
 }
