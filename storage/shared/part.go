@@ -3,6 +3,7 @@ package shared
 import (
 	"context"
 	"errors"
+	"reflect"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/storage"
@@ -121,6 +122,9 @@ type Resets map[[2]any]error
 // reset was applied; any other is kept for Err.
 func (rs Resets) Reset(ctx context.Context, z *Zone, role any, key string, now int64) (found bool, err error) {
 	scope := [2]any{GrantScope(z.Limiter), role}
+	if t := reflect.TypeOf(scope[0]); t != nil && !t.Comparable() {
+		scope[0] = z // no map key: this part's own
+	}
 	if err, tried := rs[scope]; tried && err == nil {
 		return z.ResetLocal(ctx, key, now)
 	}
