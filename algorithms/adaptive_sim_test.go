@@ -1,0 +1,211 @@
+package algorithms
+
+import (
+	"container/heap"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// The simulation: an upstream of C workers, each serving one request at a
+// time for a fixed service time S, with a FIFO queue in front (a request
+// waits for a free worker); 8C clients that each send a request, send the
+// next as soon as it is answered, and back off one S after a refusal. The
+// clock is the event queue's; nothing here reads time.
+
+const (
+	simS       int64 = 10 * ms // service time
+	simC             = 32      // workers
+	simClients       = 8 * simC
+)
+
+type simEvent struct {
+	at     int64
+	done   bool  // a worker finished; else a client sends
+	client int   // the client sending, or whose request finished
+	sent   int64 // when the finished request was sent
+}
+
+type simQueue []simEvent
+
+func (q simQueue) Len() int { return len(q) }
+func (q simQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].client < q[j].client
+}
+func (q simQueue) Swap(i, j int)   { q[i], q[j] = q[j], q[i] }
+func (q *simQueue) Push(x any)     { *q = append(*q, x.(simEvent)) }
+func (q *simQueue) Pop() any       { old := *q; e := old[len(old)-1]; *q = old[:len(old)-1]; return e }
+func (q *simQueue) add(e simEvent) { heap.Push(q, e) }
+
+// simPhase is a stretch of the run at one capacity.
+type simPhase struct {
+	until   int64 // end of the phase, µs since the start
+	workers int
+}
+
+// simStats is what the run measured in one span [from, to).
+type simStats struct {
+	inflight  []int   // the upstream's in flight (queued + served), every 10 ms
+	latencies []int64 // the round trips of admitted requests that ended
+	served    int     // requests that ended
+	limits    []int64 // the controller's Read, every 10 ms
+}
+
+type simRun struct {
+	spans []simStats // one per phase
+	// limitAt is the controller's Read every 10 ms over the whole run.
+	limitAt []int64
+}
+
+// simulate runs the phases with the controller c admitting (nil: every
+// request is admitted). Client i first sends at a seeded random instant in
+// the first S.
+func simulate(t *testing.T, c *AdaptiveConfig, phases []simPhase, seed uint64) simRun {
+	t.Helper()
+	var s AdaptiveState
+	if c != nil {
+		s = c.NewState(0, seed)
+	}
+	rng := rand.New(rand.NewPCG(seed, 1))
+	q := &simQueue{}
+	for i := range simClients {
+		q.add(simEvent{at: rng.Int64N(simS), client: i})
+	}
+	var waiting []simEvent // requests queued at the upstream
+	busy, phase := 0, 0
+	run := simRun{spans: make([]simStats, len(phases))}
+	const tick = 10 * ms
+	nextTick := int64(0)
+	end := phases[len(phases)-1].until
+	start := func(now int64) {
+		for busy < phases[phase].workers && len(waiting) > 0 {
+			r := waiting[0]
+			waiting = waiting[1:]
+			busy++
+			q.add(simEvent{at: now + simS, done: true, client: r.client, sent: r.sent})
+		}
+	}
+	for q.Len() > 0 {
+		e := heap.Pop(q).(simEvent)
+		for nextTick <= e.at && nextTick < end {
+			for nextTick >= phases[phase].until {
+				phase++
+				start(nextTick)
+			}
+			sp := &run.spans[phase]
+			sp.inflight = append(sp.inflight, busy+len(waiting))
+			l := int64(-1)
+			if c != nil {
+				l = c.Read(&s)
+			}
+			sp.limits = append(sp.limits, l)
+			run.limitAt = append(run.limitAt, l)
+			nextTick += tick
+		}
+		if e.at >= end {
+			break
+		}
+		if e.done {
+			busy--
+			rtt := e.at - e.sent
+			if c != nil {
+				c.End(&s, e.at, rtt, OK)
+			}
+			sp := &run.spans[phase]
+			sp.latencies = append(sp.latencies, rtt)
+			sp.served++
+			start(e.at)
+			q.add(simEvent{at: e.at, client: e.client})
+			continue
+		}
+		if c != nil && !c.Admit(&s) {
+			q.add(simEvent{at: e.at + simS, client: e.client})
+			continue
+		}
+		waiting = append(waiting, simEvent{client: e.client, sent: e.at})
+		start(e.at)
+	}
+	return run
+}
+
+func median[T int | int64](xs []T) T {
+	ys := slices.Clone(xs)
+	slices.Sort(ys)
+	return ys[len(ys)/2]
+}
+
+// afterSkip returns the part of a span after its first skip samples.
+func afterSkip[T any](xs []T, skip int) []T { return xs[min(skip, len(xs)):] }
+
+// TestAdaptiveSimulation runs the upstream at capacity C for 30 s, at C/2
+// for 30 s, and at C again for 40 s, with the controller at its defaults.
+func TestAdaptiveSimulation(t *testing.T) {
+	c, err := NewAdaptive(AdaptiveConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sec = 1_000_000
+	phases := []simPhase{{30 * sec, simC}, {60 * sec, simC / 2}, {100 * sec, simC}}
+	for _, seed := range []uint64{1, 2, 3} {
+		run := simulate(t, &c, phases, seed)
+		// The first phase, after 10 s to learn (the limit starts at 20).
+		for i, p := range phases {
+			sp := run.spans[i]
+			skip := 1000 // 10 s of 10 ms ticks
+			if i == 2 {
+				skip = 2500 // growing back takes longer than backing off
+			}
+			in := median(afterSkip(sp.inflight, skip))
+			lat := median(afterSkip(sp.latencies, len(sp.latencies)*skip/len(sp.inflight)))
+			from := int64(0)
+			if i > 0 {
+				from = phases[i-1].until
+			}
+			secs := float64(p.until-from) / sec
+			goodput := float64(sp.served) / secs / (float64(p.workers) / (float64(simS) / sec))
+			t.Logf("seed %d phase %d (C=%d): in-flight median %d (%.2fC), latency median %.2fS, goodput %.0f%% of C/S, limit median %d",
+				seed, i, p.workers, in, float64(in)/float64(p.workers), float64(lat)/float64(simS), 100*goodput, median(afterSkip(sp.limits, skip)))
+			if lo, hi := 0.7*float64(p.workers), 1.6*float64(p.workers); float64(in) < lo || float64(in) > hi {
+				t.Errorf("seed %d phase %d: upstream in-flight median %d, want within [%.1f, %.1f]", seed, i, in, lo, hi)
+			}
+			if float64(lat) > 1.6*float64(simS) {
+				t.Errorf("seed %d phase %d: admitted latency median %d µs, want at most 1.6 x %d", seed, i, lat, simS)
+			}
+			if i == 0 && goodput < 0.8 {
+				t.Errorf("seed %d phase %d: goodput %.0f%% of capacity, want at least 80%%", seed, i, 100*goodput)
+			}
+		}
+		// The halving: the limit is at most 1.6 x C/2 within 10 s.
+		half := int(phases[0].until / (10 * ms))
+		followed := slices.IndexFunc(run.limitAt[half:], func(l int64) bool { return l <= 16*simC/2/10 })
+		if followed < 0 || followed > 1000 {
+			t.Errorf("seed %d: the limit did not follow the halving within 10 s (10 ms ticks to follow: %d)", seed, followed)
+		}
+		back := int(phases[1].until / (10 * ms))
+		grown := slices.IndexFunc(run.limitAt[back:], func(l int64) bool { return l >= simC })
+		if grown < 0 {
+			t.Errorf("seed %d: the limit did not grow back to C=%d after the capacity returned", seed, simC)
+		}
+		t.Logf("seed %d: followed the halving in %.1f s, grew back to C in %.1f s", seed, float64(followed)/100, float64(grown)/100)
+	}
+}
+
+// TestAdaptiveSimulationUnlimited is the same upstream with every request
+// admitted: the queue holds the 8C clients and latency is about 8 S.
+func TestAdaptiveSimulationUnlimited(t *testing.T) {
+	const sec = 1_000_000
+	run := simulate(t, nil, []simPhase{{30 * sec, simC}}, 1)
+	sp := run.spans[0]
+	in := median(afterSkip(sp.inflight, 1000))
+	lat := median(afterSkip(sp.latencies, len(sp.latencies)/3))
+	t.Logf("no limit: in-flight median %d (%.2fC), latency median %.2fS", in, float64(in)/simC, float64(lat)/float64(simS))
+	if float64(lat) < 4*float64(simS) {
+		t.Errorf("without a limit, latency median %d µs, want the queueing to show (at least 4 x %d)", lat, simS)
+	}
+	if in < 4*simC {
+		t.Errorf("without a limit, in-flight median %d, want at least 4C = %d", in, 4*simC)
+	}
+}

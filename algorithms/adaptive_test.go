@@ -1,0 +1,320 @@
+package algorithms
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustAdaptive(t testing.TB, c AdaptiveConfig) AdaptiveConfig {
+	t.Helper()
+	c, err := NewAdaptive(c)
+	if err != nil {
+		t.Fatalf("NewAdaptive: %v", err)
+	}
+	return c
+}
+
+// window drives one sample window from start: n requests end at even
+// steps over c.Window, each after rtt with outcome o, while up to peak are
+// kept in flight (as many as the limit admits). It returns the window's end.
+func window(c *AdaptiveConfig, s *AdaptiveState, start int64, peak, n int, rtt int64, o Outcome) int64 {
+	for i := range n {
+		for s.InFlight < int64(peak) && c.Admit(s) {
+		}
+		if s.InFlight == 0 {
+			c.Admit(s)
+		}
+		c.End(s, start+c.Window*int64(i+1)/int64(n), rtt, o)
+	}
+	return start + c.Window
+}
+
+// upstream is the round trip of an upstream of workers serving each
+// request in service µs, with inflight requests sent to it: queueing adds
+// to the service time once inflight passes workers.
+func upstream(service int64, workers, inflight int64) int64 {
+	return service * max(workers, inflight) / workers
+}
+
+// steady drives n windows against an upstream of workers and service time,
+// with the clients always wanting more than the limit. It returns the time.
+func steady(c *AdaptiveConfig, s *AdaptiveState, now int64, windows int, service, workers int64) int64 {
+	for range windows {
+		l := c.Read(s)
+		now = window(c, s, now, int(l), 200, upstream(service, workers, l), OK)
+	}
+	return now
+}
+
+func TestNewAdaptiveDefaults(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{})
+	want := AdaptiveConfig{Floor: 4, Ceiling: 1000, Initial: 20, Window: 1_000_000, MinSamples: 20, Percentile: 0.9, Tolerance: 1.25, Smoothing: 0.2, Epoch: 30}
+	if c != want {
+		t.Errorf("NewAdaptive(zero) = %+v, want %+v", c, want)
+	}
+	// A floor above the default initial starts there.
+	if c := mustAdaptive(t, AdaptiveConfig{Floor: 50}); c.Initial != 50 || c.Ceiling != 1000 {
+		t.Errorf("NewAdaptive(Floor 50): Initial %d, Ceiling %d, want 50, 1000", c.Initial, c.Ceiling)
+	}
+}
+
+func TestNewAdaptiveErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    AdaptiveConfig
+		want string
+	}{
+		{"negative floor", AdaptiveConfig{Floor: -1}, "min: must be in [1, 1099511627776], got -1"},
+		{"ceiling under floor", AdaptiveConfig{Floor: 10, Ceiling: 5}, "max: must be in [min (10), 1099511627776], got 5"},
+		{"initial above ceiling", AdaptiveConfig{Ceiling: 10, Initial: 11}, "initial: must be in [min (4), max (10)], got 11"},
+		{"initial under floor", AdaptiveConfig{Floor: 8, Initial: 2}, "initial: must be in [min (8), max (1000)], got 2"},
+		{"negative window", AdaptiveConfig{Window: -5}, "window: must be in [1µs, "},
+		{"negative min samples", AdaptiveConfig{MinSamples: -1}, "min_samples: must be in [1, 4294967295], got -1"},
+		{"percentile 1", AdaptiveConfig{Percentile: 1}, "percentile: must be in (0, 1), got 1"},
+		{"percentile negative", AdaptiveConfig{Percentile: -0.5}, "percentile: must be in (0, 1), got -0.5"},
+		{"tolerance under 1", AdaptiveConfig{Tolerance: 0.9}, "tolerance: must be in [1, 100], got 0.9"},
+		{"smoothing above 1", AdaptiveConfig{Smoothing: 1.5}, "smoothing: must be in (0, 1], got 1.5"},
+		{"short epoch", AdaptiveConfig{Epoch: 2}, "epoch: must be in [4, 1048576] windows, got 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewAdaptive(tc.c)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("NewAdaptive(%+v) = %v, want an error containing %q", tc.c, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestAdaptiveAppLimited: a window that kept fewer than half the limit in
+// flight does not grow the limit, however good its latency; one that used
+// the limit does.
+func TestAdaptiveAppLimited(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{})
+	s := c.NewState(t0, 1)
+	now := window(&c, &s, t0, 20, 100, 10*ms, OK) // sets the baseline at full use
+	// The requests in flight when a window opens count in its peak: one
+	// window brings them down to 9.
+	now = window(&c, &s, now, 9, 100, 10*ms, OK)
+	before := s.Limit
+	for i := range 50 {
+		now = window(&c, &s, now, int(c.Read(&s))/2-1, 100, 10*ms, OK)
+		if s.Limit != before {
+			t.Fatalf("window %d: an app-limited window moved the limit from %v to %v", i, before, s.Limit)
+		}
+	}
+	window(&c, &s, now, int(c.Read(&s)), 100, 10*ms, OK)
+	if s.Limit <= before {
+		t.Errorf("a window at full use of good latency left the limit at %v, want growth past %v", s.Limit, before)
+	}
+}
+
+// TestAdaptiveBounds: whatever the round trips, outcomes and use, the limit
+// stays within [Floor, Ceiling], and Read never admits more than Ceiling
+// nor fewer than Floor.
+func TestAdaptiveBounds(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Floor: 3, Ceiling: 40, Initial: 10, MinSamples: 5, Epoch: 4})
+	rng := rand.New(rand.NewPCG(7, 7))
+	for seed := range uint64(20) {
+		s := c.NewState(t0, seed)
+		now := t0
+		for i := range 300 {
+			rtt := 1 + rng.Int64N(int64(1+rng.IntN(4))*50*ms)
+			o := Outcome(rng.IntN(3))
+			if rng.IntN(4) != 0 {
+				o = OK
+			}
+			now = window(&c, &s, now, 1+rng.IntN(60), 5+rng.IntN(50), rtt, o)
+			if r := c.Read(&s); s.Limit < 3 || s.Limit > 40 || r < 3 || r > 40 {
+				t.Fatalf("seed %d window %d: limit %v, read %d, want within [3, 40]", seed, i, s.Limit, r)
+			}
+			if s.InFlight > 40 {
+				t.Fatalf("seed %d window %d: %d in flight, above the ceiling 40", seed, i, s.InFlight)
+			}
+		}
+	}
+	// Pushed hard both ways, the bounds are reached and hold.
+	s := c.NewState(t0, 1)
+	now := steady(&c, &s, t0, 100, 10*ms, 1000)
+	if s.Limit != 40 {
+		t.Errorf("an upstream that never queues: limit %v, want the ceiling 40", s.Limit)
+	}
+	for range 100 {
+		now = window(&c, &s, now, int(c.Read(&s)), 50, 10*ms, Drop)
+	}
+	if s.Limit != 3 {
+		t.Errorf("windows of drops only: limit %v, want the floor 3", s.Limit)
+	}
+}
+
+// TestAdaptiveStepChange: an upstream of 32 workers becomes twice as slow
+// (a deploy) and then fast again. The limit shrinks, is not left at the
+// floor (the baseline follows the slower upstream within two epochs), and
+// grows back when the upstream is fast again.
+func TestAdaptiveStepChange(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{})
+	s := c.NewState(t0, 1)
+	now := steady(&c, &s, t0, 60, 10*ms, 32)
+	settled := c.Read(&s)
+	if settled < 22 || settled > 52 {
+		t.Fatalf("at 10 ms and 32 workers the limit settled at %d, want within [22, 52]", settled)
+	}
+	now = steady(&c, &s, now, 1, 20*ms, 32)
+	if c.Read(&s) >= settled {
+		t.Errorf("a window twice as slow left the limit at %d, want below %d", c.Read(&s), settled)
+	}
+	// Two epochs (of at most 1.25 x 30 windows and a probe each) later,
+	// the slower service time is the baseline and the limit uses the
+	// workers again.
+	now = steady(&c, &s, now, 2*(38+1)+40, 20*ms, 32)
+	if got := c.Read(&s); got < 22 {
+		t.Errorf("long after the upstream became twice as slow the limit is %d (baseline %d µs), want at least 22", got, s.Baseline)
+	}
+	if s.Baseline < 15*ms {
+		t.Errorf("baseline %d µs after the slowdown, want it to follow the 20 ms service time", s.Baseline)
+	}
+	// Fast again: the baseline falls at once and the limit stays up.
+	now = steady(&c, &s, now, 60, 10*ms, 32)
+	if got := c.Read(&s); got < 22 || s.Baseline > 11*ms {
+		t.Errorf("after the upstream is fast again: limit %d, baseline %d µs, want at least 22 and about 10 ms", got, s.Baseline)
+	}
+	_ = now
+}
+
+// TestAdaptiveDrops: a window with more than 5% drops cuts the limit by
+// 10%, whatever its latency; a stray drop does not.
+func TestAdaptiveDrops(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 100})
+	s := c.NewState(t0, 1)
+	now := t0
+	mixed := func(drops int) {
+		for i := range 100 {
+			for s.InFlight < 100 && c.Admit(&s) {
+			}
+			o := OK
+			if i < drops {
+				o = Drop
+			}
+			c.End(&s, now+c.Window*int64(i+1)/100, 10*ms, o)
+		}
+		now += c.Window
+	}
+	mixed(0)
+	before := s.Limit
+	mixed(10)
+	if want := before * 0.9; s.Limit != want {
+		t.Errorf("a window of 10%% drops: limit %v, want %v", s.Limit, want)
+	}
+	before = s.Limit
+	mixed(2)
+	if s.Limit < before {
+		t.Errorf("a window of 2%% drops cut the limit from %v to %v", before, s.Limit)
+	}
+}
+
+// TestAdaptiveTeachesNothing: cancelled requests, and windows with too few
+// samples (however long they last), leave everything but the in-flight
+// count as it was.
+func TestAdaptiveTeachesNothing(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{})
+	s := c.NewState(t0, 1)
+	now := window(&c, &s, t0, 20, 100, 10*ms, OK)
+	before := s
+	for range 20 {
+		now = window(&c, &s, now, 20, 500, 900*ms, Cancelled)
+	}
+	before.peak = s.peak // the in-flight peak is the one thing they move
+	if s != before {
+		t.Errorf("cancelled requests changed the state:\n got %+v\nwant %+v", s, before)
+	}
+	// One sample a window's time for 30 windows: a window waits for its
+	// samples for 10 windows' time, and then drops the few it has.
+	for i := range 30 {
+		now = window(&c, &s, now, 20, 1, 900*ms, OK)
+		if i%10 == 0 && s.samples != 0 {
+			t.Errorf("after %d windows' time of one sample each, %d samples kept, want them dropped", i+1, s.samples)
+		}
+	}
+	if s.Limit != before.Limit || s.Windows != before.Windows || s.Baseline != before.Baseline || s.Recent != before.Recent {
+		t.Errorf("windows of too few samples changed the limit: got limit %v windows %d baseline %d recent %d, want %v %d %d %d",
+			s.Limit, s.Windows, s.Baseline, s.Recent, before.Limit, before.Windows, before.Baseline, before.Recent)
+	}
+}
+
+// TestAdaptiveProbe: when an epoch passes without a window at the
+// baseline, one window admits half the limit, and a queue that drains in
+// it keeps the baseline where it was.
+func TestAdaptiveProbe(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 40, Epoch: 4})
+	s := c.NewState(t0, 1)
+	now := window(&c, &s, t0, 40, 100, 10*ms, OK)
+	probed := false
+	for range 14 {
+		if s.probe {
+			probed = true
+			if r := c.Read(&s); r != int64(s.Limit/2) {
+				t.Fatalf("probe window reads %d, want half the limit %v", r, s.Limit)
+			}
+			now = window(&c, &s, now, int(c.Read(&s)), 100, 10*ms, OK)
+			continue
+		}
+		// Queueing all along: latency up by 20%, under the tolerance.
+		now = window(&c, &s, now, int(c.Read(&s)), 100, 12*ms, OK)
+	}
+	if !probed {
+		t.Fatal("no probe window in 14 windows of epochs of 3 to 5 windows")
+	}
+	if s.Baseline > 10*ms {
+		t.Errorf("baseline %d µs after a probe that saw 10 ms, want it kept at 10 ms", s.Baseline)
+	}
+}
+
+// TestAdaptivePercentile: the histogram's percentile is within 1/16 of the
+// true one.
+func TestAdaptivePercentile(t *testing.T) {
+	for _, v := range []int64{1, 7, 15, 16, 17, 100, 999, 10 * ms, 123_456, int64(time.Hour / time.Microsecond), maxRTT} {
+		got := bucketMid(rttBucket(v))
+		if d := got - v; d*16 > v || -d*16 > v {
+			t.Errorf("bucketMid(rttBucket(%d)) = %d, want within 1/16", v, got)
+		}
+	}
+	if b := rttBucket(maxRTT * 4); b != rttBuckets-1 {
+		t.Errorf("rttBucket(4 maxRTT) = %d, want the last bucket %d", b, rttBuckets-1)
+	}
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 100})
+	s := c.NewState(t0, 1)
+	for i := range 100 {
+		c.Admit(&s)
+		c.End(&s, t0+c.Window*int64(i+1)/100, int64(i+1)*ms, OK)
+	}
+	if s.Recent < 85*ms || s.Recent > 95*ms {
+		t.Errorf("p90 of 1..100 ms = %d µs, want about 90 ms", s.Recent)
+	}
+}
+
+func TestAdaptiveAllocs(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{})
+	s := c.NewState(t0, 1)
+	now := t0
+	allocs := testing.AllocsPerRun(1000, func() {
+		now = window(&c, &s, now, 30, 50, 10*ms, OK)
+	})
+	if allocs != 0 {
+		t.Errorf("a window of 50 requests allocates %v times, want 0", allocs)
+	}
+}
+
+// BenchmarkAdaptive is one request's cost: Admit and End, with a window
+// closing every 1000 requests.
+func BenchmarkAdaptive(b *testing.B) {
+	c := mustAdaptive(b, AdaptiveConfig{Initial: 100})
+	s := c.NewState(t0, 1)
+	now := t0
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		now += ms
+		c.Admit(&s)
+		c.End(&s, now, 10*ms+int64(i%7)*ms, OK)
+	}
+}
