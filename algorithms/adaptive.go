@@ -12,18 +12,20 @@ import (
 // round trips of the requests it admitted,
 //
 //	gradient = clamp(Tolerance * baseline / recent, 0.5, 1)
-//	limit'   = limit * gradient (+ sqrt(limit) when gradient is 1)
+//	target   = limit * gradient, or limit + sqrt(limit) when gradient is 1
+//	           (limit * 1.5 while recent shows no queue at all)
+//	limit'   = limit + share * (target - limit)
 //
 // where recent is the window's Percentile round trip and baseline the least
-// recent of the last epoch of windows (the round trip of an upstream that
-// is not queueing). Growth is smoothed (Smoothing of the step) and a
-// decrease is taken whole, so that the limit backs off in one window and
-// creeps back up; both are clamped to [Floor, Ceiling]. See
-// docs/design.md, "Adaptive concurrency: the controller", for the faults
-// of Envoy's and Netflix's controllers that this one avoids.
+// recent of the last epoch of windows and of its probe (the round trip of
+// an upstream that is not queueing). The share is Smoothing (0.2) for
+// growth and a half for a decrease, so that the limit backs off within a
+// few windows and creeps back up, within [Floor, Ceiling]. See
+// docs/design.md, "Adaptive concurrency: the controller", for the faults of
+// Envoy's and Netflix's controllers that this one avoids.
 //
 // The controller is pure like the rest of the package: AdaptiveConfig.Admit,
-// End and Limit take the state and now (µs) and return; they read no clock,
+// End and Read take the state (and End now, in µs); they read no clock,
 // take no lock and allocate nothing. The state is one value per limit
 // (about 1.3 KB, a histogram of the window's round trips), kept by its
 // owner under its own lock.
@@ -52,8 +54,10 @@ const (
 	// sensibly hold in flight to one upstream.
 	DefaultAdaptiveCeiling int64 = 1000
 	// DefaultAdaptiveInitial is where the limit starts before any window
-	// has taught it: enough for a small upstream, grown from if more is
-	// needed (growth is about sqrt(limit)/5 per window).
+	// has taught it: a small upstream's few workers are not flooded, and
+	// a large one is reached in about 20 windows (growth without a queue
+	// is a tenth of the limit per window; above capacity, the first
+	// probes bring it down).
 	DefaultAdaptiveInitial int64 = 20
 	// DefaultAdaptiveWindow is one second: short enough to follow a load
 	// step within a few seconds, long enough to hold a percentile.
@@ -75,7 +79,9 @@ const (
 	// its step per window, so that one lucky window does not open the gate.
 	DefaultAdaptiveSmoothing = 0.2
 	// DefaultAdaptiveEpoch is the number of windows after which the
-	// baseline is re-measured (with jitter of a quarter either way).
+	// baseline is re-measured by a probe window (with jitter of a quarter
+	// either way): 30 s, so that a probe's cost, half of one window's
+	// admissions, is under 2% of a saturated upstream's throughput.
 	DefaultAdaptiveEpoch int64 = 30
 )
 
@@ -86,15 +92,25 @@ const (
 	adaptiveDropShare = 0.05
 	// adaptiveDecrease is the multiplicative decrease of a window of drops.
 	adaptiveDecrease = 0.9
-	// adaptiveMinGradient is the most a window of rising latency cuts the
-	// limit: by half, as Gradient2 and Envoy do.
+	// adaptiveMinGradient is the least gradient, as Gradient2's and
+	// Envoy's: the most a window asks the limit to shrink is by half.
 	adaptiveMinGradient = 0.5
+	// adaptiveCut is the share of a cut taken per window: half, against
+	// Smoothing's fifth for growth, so that the limit backs off within a
+	// few windows when capacity falls (a halving is followed in two) but
+	// one window that crossed the tolerance by a quantum of queueing does
+	// not throw away a third of the throughput.
+	adaptiveCut = 0.5
 	// adaptiveStale is how many windows' time a window may wait for its
 	// samples: past it, the few samples are too old to describe the
 	// upstream and are dropped, teaching nothing.
 	adaptiveStale = 10
 	// adaptiveProbe is the share of the limit a probe window admits.
 	adaptiveProbe = 0.5
+	// adaptiveReprobe is the first epoch, and the one after a probe that
+	// found a queue, in windows: time for the cuts of the lower baseline
+	// to take effect before the next probe.
+	adaptiveReprobe = 5
 	// maxRTT bounds a round trip in the histogram: 2^40 µs, 12 days.
 	maxRTT int64 = 1 << 40
 	// rttBuckets is the histogram's size: 8 buckets per power of two up
@@ -217,9 +233,9 @@ type AdaptiveState struct {
 // NewState returns a fresh state at now; seed sets the epoch jitter (give
 // each instance its own, so that instances do not re-measure in step).
 func (c *AdaptiveConfig) NewState(now int64, seed uint64) AdaptiveState {
-	s := AdaptiveState{Limit: float64(c.Initial), Gradient: 1, start: now, rng: seed | 1}
-	s.left = c.epochLength(&s)
-	return s
+	// The first epoch is short: the first windows' baseline is the least
+	// trusted, as the initial limit may be above the upstream's capacity.
+	return AdaptiveState{Limit: float64(c.Initial), Gradient: 1, start: now, rng: seed | 1, left: adaptiveReprobe}
 }
 
 // Read returns the number of requests admitted in flight now: the limit,
@@ -250,6 +266,12 @@ func (c *AdaptiveConfig) End(s *AdaptiveState, now, rtt int64, o Outcome) {
 		s.InFlight--
 	}
 	if o == Cancelled {
+		return
+	}
+	if s.probe && now-rtt < s.start {
+		// A probe learns only from the requests it admitted: one sent
+		// before it waited in the queue the probe is there to drain
+		// (Envoy's minimum round trip was skewed this way).
 		return
 	}
 	s.samples++
@@ -284,6 +306,7 @@ func (c *AdaptiveConfig) close(s *AdaptiveState) {
 	wasProbe := s.probe
 	s.probe = false
 	oks := s.samples - s.drops
+	lo := s.epochLo
 	if oks > 0 {
 		s.Recent = c.percentile(s, oks)
 		// The baseline falls at once to a lower recent; it rises only at
@@ -307,31 +330,48 @@ func (c *AdaptiveConfig) close(s *AdaptiveState) {
 		g := min(max(c.Tolerance*float64(s.Baseline)/float64(s.Recent), adaptiveMinGradient), 1)
 		s.Gradient = g
 		if g < 1 {
-			limit *= g
+			limit *= 1 - adaptiveCut*(1-g)
 		} else if 2*s.peak >= int64(limit) {
 			// Growth only when the window used at least half the
-			// limit: an app-limited window says nothing of more.
-			limit += c.Smoothing * math.Sqrt(limit)
+			// limit: an app-limited window says nothing of more. The
+			// step is the queue allowance, sqrt(limit); while recent
+			// stays within half the tolerance of the baseline (no
+			// queue at all) it is half the limit, so that a limit far
+			// below a large upstream's capacity gets there in tens of
+			// windows, not hundreds.
+			step := math.Sqrt(limit)
+			if float64(s.Recent) <= float64(s.Baseline)*(1+(c.Tolerance-1)/2) {
+				step = max(step, limit/2)
+			}
+			limit += c.Smoothing * step
 		}
 	}
 	s.Limit = min(max(limit, float64(c.Floor)), float64(c.Ceiling))
 
-	s.left--
-	if s.left > 0 || wasProbe {
-		if wasProbe {
-			c.newEpoch(s)
+	if wasProbe {
+		c.newEpoch(s)
+		// A probe that answered faster than the epoch by more than the
+		// tolerance found a queue the baseline had learnt as service
+		// time (a limit that started above the upstream's capacity, or
+		// rose past it). Probe again soon: a probe at half a limit more
+		// than twice the capacity still queues, and each halves it.
+		if oks > 0 && c.Tolerance*float64(s.Recent) < float64(lo) {
+			s.left = adaptiveReprobe
 		}
 		return
 	}
-	// The epoch ended. If its windows never came down to the baseline,
-	// the baseline has aged: either the upstream is slower for good or it
-	// was queueing all epoch. A probe window at half the limit tells
-	// which, and the baseline becomes the least of the epoch and probe.
-	if s.epochLo > s.Baseline {
-		s.probe = true
+	s.left--
+	if s.left > 0 {
 		return
 	}
-	c.newEpoch(s)
+	// The epoch ended: the next window is a probe at half the limit,
+	// and the baseline becomes the least recent of the epoch and the
+	// probe. An upstream that was queueing all epoch drains in the probe
+	// and shows its service time; one that is slower for good (a deploy)
+	// stays slow, and the baseline follows it. Without the probe, a
+	// limit that starts or stays above the upstream's capacity would
+	// learn the queue as service time and never see it.
+	s.probe = true
 }
 
 // newEpoch sets the baseline to the epoch's least recent and starts the

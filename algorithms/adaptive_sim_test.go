@@ -2,6 +2,7 @@ package algorithms
 
 import (
 	"container/heap"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -13,11 +14,8 @@ import (
 // next as soon as it is answered, and back off one S after a refusal. The
 // clock is the event queue's; nothing here reads time.
 
-const (
-	simS       int64 = 10 * ms // service time
-	simC             = 32      // workers
-	simClients       = 8 * simC
-)
+// simS is the service time.
+const simS int64 = 10 * ms
 
 type simEvent struct {
 	at     int64
@@ -50,6 +48,7 @@ type simPhase struct {
 type simStats struct {
 	inflight  []int   // the upstream's in flight (queued + served), every 10 ms
 	latencies []int64 // the round trips of admitted requests that ended
+	ends      []int64 // when each ended
 	served    int     // requests that ended
 	limits    []int64 // the controller's Read, every 10 ms
 }
@@ -61,8 +60,8 @@ type simRun struct {
 }
 
 // simulate runs the phases with the controller c admitting (nil: every
-// request is admitted). Client i first sends at a seeded random instant in
-// the first S.
+// request is admitted), with 8 clients per worker of the first phase.
+// Client i first sends at a seeded random instant in the first S.
 func simulate(t *testing.T, c *AdaptiveConfig, phases []simPhase, seed uint64) simRun {
 	t.Helper()
 	var s AdaptiveState
@@ -71,7 +70,7 @@ func simulate(t *testing.T, c *AdaptiveConfig, phases []simPhase, seed uint64) s
 	}
 	rng := rand.New(rand.NewPCG(seed, 1))
 	q := &simQueue{}
-	for i := range simClients {
+	for i := range 8 * phases[0].workers {
 		q.add(simEvent{at: rng.Int64N(simS), client: i})
 	}
 	var waiting []simEvent // requests queued at the upstream
@@ -116,6 +115,7 @@ func simulate(t *testing.T, c *AdaptiveConfig, phases []simPhase, seed uint64) s
 			}
 			sp := &run.spans[phase]
 			sp.latencies = append(sp.latencies, rtt)
+			sp.ends = append(sp.ends, e.at)
 			sp.served++
 			start(e.at)
 			q.add(simEvent{at: e.at, client: e.client})
@@ -140,72 +140,89 @@ func median[T int | int64](xs []T) T {
 // afterSkip returns the part of a span after its first skip samples.
 func afterSkip[T any](xs []T, skip int) []T { return xs[min(skip, len(xs)):] }
 
-// TestAdaptiveSimulation runs the upstream at capacity C for 30 s, at C/2
-// for 30 s, and at C again for 40 s, with the controller at its defaults.
+// TestAdaptiveSimulation runs an upstream at capacity C for 30 s, at C/2
+// for 30 s, and at C again for 40 s, with the controller at its defaults
+// (whose initial limit, 20, is above C=8 and far below C=100). Each phase
+// is judged after 10 s (25 s for the last: growing back is slower than
+// backing off; and 20 s for the first at C=100, which takes about 18 s to
+// grow from 20); goodput is over the whole phase at C=32, and over its
+// judged part for the others.
 func TestAdaptiveSimulation(t *testing.T) {
 	c, err := NewAdaptive(AdaptiveConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	const sec = 1_000_000
-	phases := []simPhase{{30 * sec, simC}, {60 * sec, simC / 2}, {100 * sec, simC}}
-	for _, seed := range []uint64{1, 2, 3} {
-		run := simulate(t, &c, phases, seed)
-		// The first phase, after 10 s to learn (the limit starts at 20).
+	for _, tc := range []struct {
+		workers int
+		seed    uint64
+	}{{32, 1}, {32, 2}, {32, 3}, {8, 1}, {100, 1}} {
+		C := tc.workers
+		phases := []simPhase{{30 * sec, C}, {60 * sec, C / 2}, {100 * sec, C}}
+		run := simulate(t, &c, phases, tc.seed)
+		name := fmt.Sprintf("C=%d seed %d", C, tc.seed)
 		for i, p := range phases {
 			sp := run.spans[i]
 			skip := 1000 // 10 s of 10 ms ticks
 			if i == 2 {
-				skip = 2500 // growing back takes longer than backing off
+				skip = 2500
 			}
-			in := median(afterSkip(sp.inflight, skip))
-			lat := median(afterSkip(sp.latencies, len(sp.latencies)*skip/len(sp.inflight)))
+			if i == 0 && C == 100 {
+				skip = 2000
+			}
 			from := int64(0)
 			if i > 0 {
 				from = phases[i-1].until
 			}
-			secs := float64(p.until-from) / sec
-			goodput := float64(sp.served) / secs / (float64(p.workers) / (float64(simS) / sec))
-			t.Logf("seed %d phase %d (C=%d): in-flight median %d (%.2fC), latency median %.2fS, goodput %.0f%% of C/S, limit median %d",
-				seed, i, p.workers, in, float64(in)/float64(p.workers), float64(lat)/float64(simS), 100*goodput, median(afterSkip(sp.limits, skip)))
+			in := median(afterSkip(sp.inflight, skip))
+			judgedFrom, _ := slices.BinarySearch(sp.ends, from+int64(skip)*10*ms)
+			judged := sp.latencies[judgedFrom:]
+			lat := median(judged)
+			secs, served := float64(p.until-from)/sec, len(sp.latencies)
+			if C != 32 {
+				secs, served = secs-float64(skip)/100, len(judged)
+			}
+			goodput := float64(served) / secs / (float64(p.workers) / (float64(simS) / sec))
+			t.Logf("%s phase %d (C=%d): in-flight median %d (%.2fC), latency median %.2fS, goodput %.0f%% of C/S, limit median %d",
+				name, i, p.workers, in, float64(in)/float64(p.workers), float64(lat)/float64(simS), 100*goodput, median(afterSkip(sp.limits, skip)))
 			if lo, hi := 0.7*float64(p.workers), 1.6*float64(p.workers); float64(in) < lo || float64(in) > hi {
-				t.Errorf("seed %d phase %d: upstream in-flight median %d, want within [%.1f, %.1f]", seed, i, in, lo, hi)
+				t.Errorf("%s phase %d: upstream in-flight median %d, want within [%.1f, %.1f]", name, i, in, lo, hi)
 			}
 			if float64(lat) > 1.6*float64(simS) {
-				t.Errorf("seed %d phase %d: admitted latency median %d µs, want at most 1.6 x %d", seed, i, lat, simS)
+				t.Errorf("%s phase %d: admitted latency median %d µs, want at most 1.6 x %d", name, i, lat, simS)
 			}
-			if i == 0 && goodput < 0.8 {
-				t.Errorf("seed %d phase %d: goodput %.0f%% of capacity, want at least 80%%", seed, i, 100*goodput)
+			if goodput < 0.8 {
+				t.Errorf("%s phase %d: goodput %.0f%% of capacity, want at least 80%%", name, i, 100*goodput)
 			}
 		}
 		// The halving: the limit is at most 1.6 x C/2 within 10 s.
 		half := int(phases[0].until / (10 * ms))
-		followed := slices.IndexFunc(run.limitAt[half:], func(l int64) bool { return l <= 16*simC/2/10 })
+		followed := slices.IndexFunc(run.limitAt[half:], func(l int64) bool { return 10*l <= 16*int64(C/2) })
 		if followed < 0 || followed > 1000 {
-			t.Errorf("seed %d: the limit did not follow the halving within 10 s (10 ms ticks to follow: %d)", seed, followed)
+			t.Errorf("%s: the limit did not follow the halving within 10 s (10 ms ticks to follow: %d)", name, followed)
 		}
 		back := int(phases[1].until / (10 * ms))
-		grown := slices.IndexFunc(run.limitAt[back:], func(l int64) bool { return l >= simC })
+		grown := slices.IndexFunc(run.limitAt[back:], func(l int64) bool { return l >= int64(C) })
 		if grown < 0 {
-			t.Errorf("seed %d: the limit did not grow back to C=%d after the capacity returned", seed, simC)
+			t.Errorf("%s: the limit did not grow back to C after the capacity returned", name)
 		}
-		t.Logf("seed %d: followed the halving in %.1f s, grew back to C in %.1f s", seed, float64(followed)/100, float64(grown)/100)
+		t.Logf("%s: followed the halving in %.1f s, grew back to C in %.1f s", name, float64(followed)/100, float64(grown)/100)
 	}
 }
 
 // TestAdaptiveSimulationUnlimited is the same upstream with every request
 // admitted: the queue holds the 8C clients and latency is about 8 S.
 func TestAdaptiveSimulationUnlimited(t *testing.T) {
-	const sec = 1_000_000
-	run := simulate(t, nil, []simPhase{{30 * sec, simC}}, 1)
+	const sec, C = 1_000_000, 32
+	run := simulate(t, nil, []simPhase{{30 * sec, C}}, 1)
 	sp := run.spans[0]
 	in := median(afterSkip(sp.inflight, 1000))
 	lat := median(afterSkip(sp.latencies, len(sp.latencies)/3))
-	t.Logf("no limit: in-flight median %d (%.2fC), latency median %.2fS", in, float64(in)/simC, float64(lat)/float64(simS))
+	t.Logf("no limit: in-flight median %d (%.2fC), latency median %.2fS", in, float64(in)/C, float64(lat)/float64(simS))
 	if float64(lat) < 4*float64(simS) {
 		t.Errorf("without a limit, latency median %d µs, want the queueing to show (at least 4 x %d)", lat, simS)
 	}
-	if in < 4*simC {
-		t.Errorf("without a limit, in-flight median %d, want at least 4C = %d", in, 4*simC)
+	if in < 4*C {
+		t.Errorf("without a limit, in-flight median %d, want at least 4C = %d", in, 4*C)
 	}
 }

@@ -242,9 +242,8 @@ func TestAdaptiveTeachesNothing(t *testing.T) {
 	}
 }
 
-// TestAdaptiveProbe: when an epoch passes without a window at the
-// baseline, one window admits half the limit, and a queue that drains in
-// it keeps the baseline where it was.
+// TestAdaptiveProbe: when an epoch ends, one window admits half the
+// limit, and a queue that drains in it keeps the baseline where it was.
 func TestAdaptiveProbe(t *testing.T) {
 	c := mustAdaptive(t, AdaptiveConfig{Initial: 40, Epoch: 4})
 	s := c.NewState(t0, 1)
@@ -267,6 +266,27 @@ func TestAdaptiveProbe(t *testing.T) {
 	}
 	if s.Baseline > 10*ms {
 		t.Errorf("baseline %d µs after a probe that saw 10 ms, want it kept at 10 ms", s.Baseline)
+	}
+}
+
+// TestAdaptiveProbeOwnRequests: requests sent before a probe window that
+// end in it, after queueing, are not its samples.
+func TestAdaptiveProbeOwnRequests(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 100, Epoch: 4})
+	s := c.NewState(t0, 1)
+	now := t0
+	for !s.probe {
+		now = window(&c, &s, now, 100, 200, 12*ms, OK)
+	}
+	s.InFlight = 99 // admitted before the probe
+	// The probe: 99 requests sent before it end after 40 ms of queueing,
+	// then 100 of its own answer in 10 ms.
+	for i := range 99 {
+		c.End(&s, now+int64(i)*ms/10, 40*ms, OK)
+	}
+	window(&c, &s, now, 50, 100, 10*ms, OK)
+	if s.probe || s.Baseline > 10*ms {
+		t.Errorf("after a probe whose own requests took 10 ms: probe %v, baseline %d µs, want the probe over and 10 ms", s.probe, s.Baseline)
 	}
 }
 
