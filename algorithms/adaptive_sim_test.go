@@ -61,8 +61,9 @@ type simRun struct {
 
 // simulate runs the phases with the controller c admitting (nil: every
 // request is admitted), with 8 clients per worker of the first phase.
-// Client i first sends at a seeded random instant in the first S.
-func simulate(t *testing.T, c *AdaptiveConfig, phases []simPhase, seed uint64) simRun {
+// Client i first sends at a seeded random instant in the first S. A noisy
+// upstream's service time is S/2 plus an exponential of mean S/2.
+func simulate(t *testing.T, c *AdaptiveConfig, phases []simPhase, seed uint64, noisy bool) simRun {
 	t.Helper()
 	var s AdaptiveState
 	if c != nil {
@@ -84,7 +85,11 @@ func simulate(t *testing.T, c *AdaptiveConfig, phases []simPhase, seed uint64) s
 			r := waiting[0]
 			waiting = waiting[1:]
 			busy++
-			q.add(simEvent{at: now + simS, done: true, client: r.client, sent: r.sent})
+			service := simS
+			if noisy {
+				service = simS/2 + int64(rng.ExpFloat64()*float64(simS/2))
+			}
+			q.add(simEvent{at: now + service, done: true, client: r.client, sent: r.sent})
 		}
 	}
 	for q.Len() > 0 {
@@ -159,7 +164,7 @@ func TestAdaptiveSimulation(t *testing.T) {
 	}{{32, 1}, {32, 2}, {32, 3}, {8, 1}, {100, 1}} {
 		C := tc.workers
 		phases := []simPhase{{30 * sec, C}, {60 * sec, C / 2}, {100 * sec, C}}
-		run := simulate(t, &c, phases, tc.seed)
+		run := simulate(t, &c, phases, tc.seed, false)
 		name := fmt.Sprintf("C=%d seed %d", C, tc.seed)
 		for i, p := range phases {
 			sp := run.spans[i]
@@ -214,7 +219,7 @@ func TestAdaptiveSimulation(t *testing.T) {
 // admitted: the queue holds the 8C clients and latency is about 8 S.
 func TestAdaptiveSimulationUnlimited(t *testing.T) {
 	const sec, C = 1_000_000, 32
-	run := simulate(t, nil, []simPhase{{30 * sec, C}}, 1)
+	run := simulate(t, nil, []simPhase{{30 * sec, C}}, 1, false)
 	sp := run.spans[0]
 	in := median(afterSkip(sp.inflight, 1000))
 	lat := median(afterSkip(sp.latencies, len(sp.latencies)/3))
@@ -224,5 +229,40 @@ func TestAdaptiveSimulationUnlimited(t *testing.T) {
 	}
 	if in < 4*C {
 		t.Errorf("without a limit, in-flight median %d, want at least 4C = %d", in, 4*C)
+	}
+}
+
+// TestAdaptiveSimulationNoisy is an upstream whose service time varies (S/2
+// plus an exponential of mean S/2: p90 is 1.65 S): the latency a window
+// sees is not all queueing, and the limit must not collapse towards the
+// floor for it. It settles where some queue keeps the workers busy.
+func TestAdaptiveSimulationNoisy(t *testing.T) {
+	c, err := NewAdaptive(AdaptiveConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sec, C = 1_000_000, 32
+	for _, seed := range []uint64{1, 2} {
+		run := simulate(t, &c, []simPhase{{60 * sec, C}}, seed, true)
+		sp := run.spans[0]
+		in := median(afterSkip(sp.inflight, 1000))
+		from, _ := slices.BinarySearch(sp.ends, 10*sec)
+		lat := median(sp.latencies[from:])
+		goodput := float64(len(sp.latencies)-from) / 50 / (C / (float64(simS) / sec))
+		low := slices.Min(afterSkip(sp.limits, 1000))
+		t.Logf("seed %d: in-flight median %d (%.2fC), latency median %.2fS, goodput %.0f%% of C/S, least limit %d",
+			seed, in, float64(in)/C, float64(lat)/float64(simS), 100*goodput, low)
+		if in < C*7/10 || in > 2*C {
+			t.Errorf("seed %d: in-flight median %d, want within [0.7C, 2C] = [%d, %d]", seed, in, C*7/10, 2*C)
+		}
+		if lat > 2*simS {
+			t.Errorf("seed %d: latency median %d µs, want at most 2 x %d", seed, lat, simS)
+		}
+		if goodput < 0.8 {
+			t.Errorf("seed %d: goodput %.0f%% of capacity, want at least 80%%", seed, 100*goodput)
+		}
+		if low < C/2 {
+			t.Errorf("seed %d: the limit fell to %d after settling, want it to stay at least C/2 = %d", seed, low, C/2)
+		}
 	}
 }
