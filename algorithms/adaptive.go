@@ -280,6 +280,8 @@ func (c *AdaptiveConfig) End(s *AdaptiveState, now, rtt int64, o Outcome) {
 	} else {
 		s.hist[rttBucket(rtt)]++
 	}
+	// A clock that ran backwards (now before the window opened) only
+	// delays the window's close.
 	elapsed := now - s.start
 	if elapsed < c.Window {
 		return
@@ -287,6 +289,11 @@ func (c *AdaptiveConfig) End(s *AdaptiveState, now, rtt int64, o Outcome) {
 	if s.samples < c.MinSamples {
 		if elapsed >= adaptiveStale*c.Window {
 			c.restart(s, now)
+			if s.probe {
+				// Too little traffic to probe: the probe ends
+				// without teaching, and admits the limit again.
+				s.probe, s.epochLo, s.left = false, 0, c.epochLength(s)
+			}
 		}
 		return
 	}

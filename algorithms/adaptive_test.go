@@ -290,6 +290,25 @@ func TestAdaptiveProbeOwnRequests(t *testing.T) {
 	}
 }
 
+// TestAdaptiveProbeStarved: a probe that gets too few samples within 10
+// windows' time ends, and the limit is admitted again.
+func TestAdaptiveProbeStarved(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 40, Epoch: 4})
+	s := c.NewState(t0, 1)
+	now := t0
+	for !s.probe {
+		now = window(&c, &s, now, 40, 100, 10*ms, OK)
+	}
+	before := s.Baseline
+	for range 11 {
+		now = window(&c, &s, now, 1, 1, 10*ms, OK)
+	}
+	if s.probe || c.Read(&s) != int64(s.Limit) || s.Baseline != before {
+		t.Errorf("after a starved probe: probe %v, read %d of limit %v, baseline %d (was %d); want the probe over, the limit read, the baseline kept",
+			s.probe, c.Read(&s), s.Limit, s.Baseline, before)
+	}
+}
+
 // TestAdaptivePercentile: the histogram's percentile is within 1/16 of the
 // true one.
 func TestAdaptivePercentile(t *testing.T) {
