@@ -269,15 +269,23 @@ func TestAdaptiveProbe(t *testing.T) {
 	}
 }
 
-// TestAdaptiveProbeOwnRequests: requests sent before a probe window that
-// end in it, after queueing, are not its samples.
-func TestAdaptiveProbeOwnRequests(t *testing.T) {
-	c := mustAdaptive(t, AdaptiveConfig{Initial: 100, Epoch: 4})
+// untilProbe returns a controller of epochs of 4 windows and its state
+// after windows at the limit of rtt, up to the first probe.
+func untilProbe(t *testing.T, limit int64, rtt int64) (AdaptiveConfig, AdaptiveState, int64) {
+	t.Helper()
+	c := mustAdaptive(t, AdaptiveConfig{Initial: limit, Epoch: 4})
 	s := c.NewState(t0, 1)
 	now := t0
 	for !s.probe {
-		now = window(&c, &s, now, 100, 200, 12*ms, OK)
+		now = window(&c, &s, now, int(limit), 200, rtt, OK)
 	}
+	return c, s, now
+}
+
+// TestAdaptiveProbeOwnRequests: requests sent before a probe window that
+// end in it, after queueing, are not its samples.
+func TestAdaptiveProbeOwnRequests(t *testing.T) {
+	c, s, now := untilProbe(t, 100, 12*ms)
 	s.InFlight = 99 // admitted before the probe
 	// The probe: 99 requests sent before it end after 40 ms of queueing,
 	// then 100 of its own answer in 10 ms.
@@ -293,12 +301,7 @@ func TestAdaptiveProbeOwnRequests(t *testing.T) {
 // TestAdaptiveProbeStarved: a probe that gets too few samples within 10
 // windows' time ends, and the limit is admitted again.
 func TestAdaptiveProbeStarved(t *testing.T) {
-	c := mustAdaptive(t, AdaptiveConfig{Initial: 40, Epoch: 4})
-	s := c.NewState(t0, 1)
-	now := t0
-	for !s.probe {
-		now = window(&c, &s, now, 40, 100, 10*ms, OK)
-	}
+	c, s, now := untilProbe(t, 40, 10*ms)
 	before := s.Baseline
 	for range 11 {
 		now = window(&c, &s, now, 1, 1, 10*ms, OK)
