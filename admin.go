@@ -143,6 +143,35 @@ func guardInfo(info *adminapi.ZoneInfo, z *zone) {
 	}
 }
 
+// adaptiveInfo fills in info the concurrency adaptive of zs (one zone
+// name's live zones), its controllers added up over their distinct states,
+// and for a zone of concurrency adaptive alone clears the rate's fields.
+func adaptiveInfo(info *adminapi.ZoneInfo, zs []liveZone) {
+	a := zs[0].z.adaptive
+	if a == nil {
+		return
+	}
+	cfg := a.Adaptive.Config()
+	ai := &adminapi.AdaptiveInfo{Min: cfg.Floor, Max: cfg.Ceiling, Window: float64(cfg.Window) / microsPerSecond}
+	seen := map[*shared.Adaptive]bool{}
+	for _, lz := range zs {
+		s := lz.z.adaptive.Adaptive
+		if seen[s] {
+			continue
+		}
+		seen[s] = true
+		ai.Shed += s.Shed()
+		s.Each(func(_ string, st shared.AdaptiveState, _ bool) {
+			ai.Limit += st.Limit
+			ai.InFlight += st.InFlight
+		})
+	}
+	info.Adaptive = ai
+	if a == zs[0].z {
+		info.Algorithm, info.Events, info.Window, info.Burst = "", 0, 0, 0
+	}
+}
+
 // listZones describes the live zones, sorted by name. Zones with the same
 // name, limit, storage and dry_run are one entry, their distinct stores'
 // keys added up.
@@ -163,6 +192,9 @@ func listZones() []adminapi.ZoneInfo {
 		for _, p := range lz.z.all {
 			if p != lz.z {
 				g.guards += fmt.Sprintf("%d:%s:%+v;", p.role, p.tier, p.spec.Limit)
+			}
+			if p.Adaptive != nil {
+				g.guards += fmt.Sprintf("adaptive:%+v;", *p.Adaptive.Config())
 			}
 		}
 		for _, v := range zoneconf.SortedTiers(lz.z.tiers) {
@@ -198,6 +230,7 @@ func listZones() []adminapi.ZoneInfo {
 			}
 		}
 		guardInfo(&info, members[i][0].z)
+		adaptiveInfo(&info, members[i])
 		if stores := distinctStores(nil, members[i]...); len(stores) > 0 {
 			n := 0
 			for _, s := range stores {
@@ -284,6 +317,17 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 				st.Allowed, st.Remaining = d.Allowed, ratelimitheader.ShownRemaining(d.Remaining)
 				st.Reset, st.Wait = float64(d.Reset)/microsPerSecond, float64(d.Wait)/microsPerSecond
 				st.Granted = float64(granted) / algorithms.Milli
+			}
+		}
+		if a := lz.z.adaptive; a != nil {
+			if as, ok := a.Adaptive.State(stored); ok {
+				held = true
+				st.Adaptive = &adminapi.AdaptiveState{Limit: as.Limit, InFlight: as.InFlight,
+					Baseline: float64(as.Baseline) / microsPerSecond, Recent: float64(as.Recent) / microsPerSecond,
+					Gradient: as.Gradient, Windows: as.Windows}
+				if a == lz.z { // concurrency adaptive alone: it is the quota
+					st.Allowed, st.Remaining = as.InFlight < as.Limit, max(as.Limit-as.InFlight, 0)
+				}
 			}
 		}
 		if held {

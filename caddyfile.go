@@ -50,6 +50,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			on_storage_error allow|deny|local
 //			dry_run
 //			concurrency  <n>                 # requests of one key in flight at once
+//			concurrency  adaptive [{ ... }]  # an in-flight limit that follows the upstream's latency (docs/reference.md)
 //			concurrency_lease <duration>     # Redis: a dead instance's slots free within this; default 30s
 //			ban          <duration>          # refuse a key this long once the zone rejected it ban_after times in a window
 //			ban_after    <n>                 # default 1
@@ -245,6 +246,12 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			}
 			z.DryRun = true
 		case "concurrency":
+			if d.NextArg() && d.Val() == "adaptive" {
+				at["concurrency adaptive"] = d.Token()
+				z.ConcurrencyAdaptive, err = unmarshalAdaptive(d, name)
+				break
+			}
+			d.Prev()
 			if z.Concurrency, err = intArg(d); err == nil && z.Concurrency <= 0 {
 				// 0 would read as no concurrency at all.
 				err = d.Errf("zone '%s': concurrency: must be greater than 0, got %d", name, z.Concurrency)
@@ -333,6 +340,68 @@ func unmarshalTiers(d *caddyfile.Dispenser, name string, z *Zone, at map[string]
 		return d.Errf("zone '%s': tier: needs a block of values, each with a rate (and burst) or unlimited", name)
 	}
 	return nil
+}
+
+// unmarshalAdaptive parses concurrency adaptive's optional block of
+// settings (the dispenser is on "adaptive").
+func unmarshalAdaptive(d *caddyfile.Dispenser, name string) (*Adaptive, error) {
+	if d.NextArg() {
+		return nil, d.Errf("zone '%s': concurrency adaptive: unexpected argument '%s' (settings go in a block)", name, d.Val())
+	}
+	a := &Adaptive{}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return nil, d.Errf("zone '%s': concurrency adaptive: %s given twice", name, opt)
+		}
+		seen[opt] = true
+		var err error
+		var v int64
+		var f float64
+		switch opt {
+		case "min", "max", "initial", "min_samples", "epoch", "max_keys", "status":
+			v, err = intArg(d)
+		case "percentile", "tolerance", "smoothing":
+			f, err = floatArg(d)
+		case "window":
+			var w caddy.Duration
+			w, err = durationArg(d)
+			v, a.Window = int64(w), w
+		default:
+			return nil, d.Errf("zone '%s': concurrency adaptive: unrecognized setting '%s'", name, opt)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if v == 0 && f == 0 {
+			// 0 would read as the default.
+			return nil, d.Errf("zone '%s': concurrency adaptive: %s: must be greater than 0, got %s", name, opt, d.Val())
+		}
+		switch opt {
+		case "min":
+			a.Min = v
+		case "max":
+			a.Max = v
+		case "initial":
+			a.Initial = v
+		case "min_samples":
+			a.MinSamples = v
+		case "epoch":
+			a.Epoch = v
+		case "max_keys":
+			a.MaxKeys = int(v)
+		case "status":
+			a.Status = int(v)
+		case "percentile":
+			a.Percentile = f
+		case "tolerance":
+			a.Tolerance = f
+		case "smoothing":
+			a.Smoothing = f
+		}
+	}
+	return a, nil
 }
 
 // parseTier parses a tier line's arguments: <rate> [burst <n>], or

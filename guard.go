@@ -30,6 +30,7 @@ const (
 	roleRate partRole = iota
 	roleSlots
 	roleBan
+	roleAdaptive // concurrency adaptive: decided in this process, before the others
 )
 
 // openPart opens a part of zone z (whose shared fields are set) for limit

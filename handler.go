@@ -66,6 +66,8 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	now := h.now()
 	var buf [inlineResults]result
 	results := buf[:0]
+	var abuf [1]result
+	adaptive := abuf[:0]             // concurrency adaptive parts, decided first
 	readJSON := h.requestJSON != nil // the request's JSON is yet to be read
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
@@ -83,6 +85,16 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 			readRequestJSON(r, repl, h.requestJSON)
 			readJSON = false
 		}
+		key := z.resolveKey(r, repl)
+		if key == "" {
+			z.emptyKey.note(h.logger, z)
+		}
+		if a := z.adaptive; a != nil {
+			adaptive = append(adaptive, result{Z: a, Zone: &a.Zone, Key: key})
+			if a == z {
+				continue // no other part
+			}
+		}
 		rate := z
 		if z.tiers != nil {
 			var ok bool
@@ -90,22 +102,27 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 				continue // an unlimited tier
 			}
 		}
-		key := z.resolveKey(r, repl)
-		if key == "" {
-			z.emptyKey.note(h.logger, z)
-		}
 		if len(z.parts) == 1 {
 			results = append(results, result{Z: rate, Zone: &rate.Zone, Key: key, Cost: z.resolveCost(repl)})
 			continue
 		}
 		results = appendParts(results, z, rate, key, repl)
 	}
+	if len(adaptive) > 0 {
+		if shed := h.admitAdaptive(r, adaptive, now); shed >= 0 {
+			return false, h.shed(w, r, repl, adaptive, shed)
+		}
+	}
 	if len(results) == 0 {
+		if len(adaptive) > 0 {
+			return h.admit(w, r, repl, next, results, adaptive, now)
+		}
 		return true, nil
 	}
 	rejected, err := h.decide(r, results, now)
 	if err != nil {
 		if results, err = h.onStoreError(results, err); err != nil {
+			h.endAdaptive(adaptive)
 			return false, unavailable(w, r, err)
 		}
 		rejected = shared.DecideLocal(now, results)
@@ -115,9 +132,10 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		h.noteBans(r, results)
 	}
 	if rejected >= 0 {
+		h.endAdaptive(adaptive)
 		return false, h.reject(w, r, repl, results, rejected, now)
 	}
-	return h.admit(w, r, repl, next, results, now)
+	return h.admit(w, r, repl, next, results, adaptive, now)
 }
 
 // The rare paths of gate are functions of their own, kept out of its
@@ -201,24 +219,30 @@ func (h *Handler) noteDryRuns(r *http.Request, results []result) {
 }
 
 // admit readies an admitted request: its headers and placeholders. A
-// request that holds no concurrency slot and waits for no shaping delay
-// goes on from ServeHTTP (goOn); admitHeld sends the others on itself.
-func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, results []result, now int64) (goOn bool, err error) {
+// request that holds no concurrency slot, waits for no shaping delay and
+// is in flight in no adaptive part goes on from ServeHTTP (goOn);
+// admitHeld sends the others on itself.
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, results, adaptive []result, now int64) (goOn bool, err error) {
 	h.writeHeaders(w.Header(), results, -1, -1, now)
 	if len(results) > 0 {
 		placeholdersOf(r, repl).setQuota(&results[ratelimitheader.MostRestrictive(results, -1)])
 	}
-	if h.slots || maxDelay(results) > 0 || (h.responses && shared.Settles(results)) {
-		return false, h.admitHeld(w, r, next, results)
+	if h.slots || len(adaptive) > 0 || maxDelay(results) > 0 || (h.responses && shared.Settles(results)) {
+		return false, h.admitHeld(w, r, next, results, adaptive)
 	}
 	return true, nil
 }
 
-// admitHeld sends on a request that holds concurrency slots until the
-// handler chain returns, or that a shaping zone delays first. A client
-// that goes away while delayed gives its place back.
-func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, results []result) error {
-	if h.responses && shared.Settles(results) {
+// admitHeld sends on a request that holds concurrency slots (or is in
+// flight in adaptive parts) until the handler chain returns, or that a
+// shaping zone delays first. A client that goes away while delayed gives
+// its place back.
+func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, results, adaptive []result) error {
+	if len(adaptive) > 0 {
+		defer h.endAdaptive(adaptive) // ended with its outcome by serveTapped, unless it never went on
+	}
+	settles := h.responses && shared.Settles(results)
+	if settles {
 		defer h.store.Settled(results) // after the settlements, deferred below
 	}
 	if h.slots {
@@ -236,8 +260,8 @@ func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyht
 			return caddyhttp.Error(499, fmt.Errorf("rate_limit: client went away while its request was delayed: %w", r.Context().Err()))
 		}
 	}
-	if h.responses && shared.Settles(results) {
-		return h.serveSettled(w, r, next, results)
+	if settles || len(adaptive) > 0 {
+		return h.serveTapped(w, r, next, results, settles, adaptive)
 	}
 	return next.ServeHTTP(w, r)
 }

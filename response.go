@@ -2,7 +2,6 @@ package tollgate
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -67,34 +66,6 @@ func (h *Handler) checkSettlers(z *zone) error {
 		return fmt.Errorf("cost_response: storage %T cannot settle a cost found after the response; use storage memory or redis", h.backend)
 	}
 	return nil
-}
-
-// serveSettled sends the request on through a tap on its response, and
-// settles the charges of results when the handler chain returns, in
-// whatever way (an error, a panic, a client gone).
-func (h *Handler) serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, results []result) (err error) {
-	tap := newResponseTap(w, results)
-	returned := false
-	defer func() {
-		status := tap.status
-		switch {
-		case tap.wrote:
-		case !returned:
-			status = http.StatusInternalServerError // a panic
-		case err != nil:
-			status = http.StatusInternalServerError
-			var he caddyhttp.HandlerError
-			if errors.As(err, &he) && he.StatusCode != 0 {
-				status = he.StatusCode
-			}
-		default:
-			status = http.StatusOK // nothing written: net/http sends 200
-		}
-		h.settle(r, results, tap, status)
-	}()
-	err = next.ServeHTTP(tap, r)
-	returned = true
-	return err
 }
 
 // settle settles each charge of results to what the response tells: its
@@ -166,6 +137,8 @@ type responseTap struct {
 	keep   bool        // a zone reads the headers: header keeps them
 	header http.Header // the headers as written with the final status; nil before
 	size   int64       // body bytes written
+	clock  func() int64
+	at     int64 // when the final status was written, by clock (µs); with a clock only
 	scan   *bodyscan.Scanner
 }
 
@@ -191,6 +164,9 @@ func newResponseTap(w http.ResponseWriter, results []result) *responseTap {
 // before the body passes on.
 func (t *responseTap) wroteHeader(code int) {
 	t.status, t.wrote = code, true
+	if t.clock != nil {
+		t.at = t.clock()
+	}
 	if t.keep {
 		t.header = t.Header().Clone()
 	} else {

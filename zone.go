@@ -117,6 +117,16 @@ type Zone struct {
 	// flight).
 	Concurrency int64 `json:"concurrency,omitempty"`
 
+	// ConcurrencyAdaptive makes the zone's in-flight limit per key follow
+	// the upstream's latency (Caddyfile: concurrency adaptive): it is
+	// recomputed every sample window from the round trips of the requests
+	// the zone admitted, between min and max, and a request above it is
+	// shed (503 with Retry-After). Its state is in each instance's memory,
+	// whatever the storage: each instance adapts on its own. Alone, or
+	// beside the rate; not with Concurrency. {} gives every default.
+	// Default: none.
+	ConcurrencyAdaptive *Adaptive `json:"concurrency_adaptive,omitempty"`
+
 	// ConcurrencyLease is how long a concurrency slot held in Redis lasts
 	// unless the instance holding it renews it (every third of it, while
 	// the request runs): the slots of an instance that died free within
@@ -157,6 +167,39 @@ type Zone struct {
 	// is not a number keeps the estimate. Default: none (the cost is
 	// Cost).
 	CostResponse string `json:"cost_response,omitempty"`
+}
+
+// Adaptive is concurrency adaptive's settings: each zero field is its
+// default, chosen for a typical HTTP upstream (see docs/reference.md).
+type Adaptive struct {
+	// Min is the least limit, whatever the latency says. Default: 4.
+	Min int64 `json:"min,omitempty"`
+	// Max is the greatest limit. Default: 1000.
+	Max int64 `json:"max,omitempty"`
+	// Initial is the limit before the first window closes. Default: 20.
+	Initial int64 `json:"initial,omitempty"`
+	// Window is a sample window's least length. Default: 1s.
+	Window caddy.Duration `json:"window,omitempty"`
+	// MinSamples is a sample window's least number of round trips.
+	// Default: 20.
+	MinSamples int64 `json:"min_samples,omitempty"`
+	// Percentile is the round trip of a window taken as recent, in (0, 1).
+	// Default: 0.9.
+	Percentile float64 `json:"percentile,omitempty"`
+	// Tolerance is how far above the baseline recent may go before it is
+	// queueing, >= 1. Default: 1.25.
+	Tolerance float64 `json:"tolerance,omitempty"`
+	// Smoothing is the share of a growth step taken per window, in (0, 1].
+	// Default: 0.2.
+	Smoothing float64 `json:"smoothing,omitempty"`
+	// Epoch is how many windows (give or take a quarter) pass between two
+	// re-measurements of the baseline. Default: 30.
+	Epoch int64 `json:"epoch,omitempty"`
+	// MaxKeys is how many keys get a controller of their own; the keys
+	// beyond share one. Default: 10000.
+	MaxKeys int `json:"max_keys,omitempty"`
+	// Status is the status of a shed request. Default: 503.
+	Status int `json:"status,omitempty"`
 }
 
 // Cost is a request cost: a number, or a template of placeholders. In JSON
@@ -223,7 +266,14 @@ type zone struct {
 	base  *zone    // the zone this is a part of: the one in the handler's zones
 	parts []*zone  // on a base: its parts in decision order, itself among them
 	ban   *zone    // on a base: its ban part, or nil
-	all   []*zone  // on a base: its parts and its tiers' rate parts
+	// adaptive, on a base: its concurrency adaptive part (not among its
+	// parts: decided in this process before them), or nil; the base
+	// itself in a zone of concurrency adaptive alone.
+	adaptive *zone
+	status   int // on an adaptive part: the status of a request it sheds
+	// adaptivePool, on an adaptive part: its key in adaptiveZones.
+	adaptivePool string
+	all          []*zone // on a base: its parts and its tiers' rate parts
 
 	// Tiers, on a base with a rate: the template, the header it is (see
 	// headerKey), and each listed value's rate part (nil: unlimited).
@@ -279,6 +329,11 @@ func (zc *Zone) settings() (zoneconf.Settings, error) {
 	if m := zc.CountResponse; m != nil {
 		c.CountStatus, c.CountHeaders = m.StatusCode, m.Headers != nil
 	}
+	if a := zc.ConcurrencyAdaptive; a != nil {
+		c.Adaptive = &zoneconf.Adaptive{Min: a.Min, Max: a.Max, Initial: a.Initial, Window: time.Duration(a.Window),
+			MinSamples: a.MinSamples, Percentile: a.Percentile, Tolerance: a.Tolerance, Smoothing: a.Smoothing,
+			Epoch: a.Epoch, MaxKeys: a.MaxKeys, Status: a.Status}
+	}
 	if zc.Tiers != nil {
 		c.Tiers = make(map[string]*zoneconf.Tier, len(zc.Tiers))
 		for value, t := range zc.Tiers {
@@ -325,6 +380,15 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		}
 	}
 
+	if !s.Rate && s.Slots == nil {
+		// concurrency adaptive alone: the zone is its adaptive part.
+		z, err := h.openAdaptive(common, s.Adaptive)
+		if err != nil {
+			return nil, err
+		}
+		z.adaptive, z.all = z, []*zone{z}
+		return z, nil
+	}
 	role := roleRate
 	if !s.Rate {
 		role = roleSlots
@@ -352,6 +416,12 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		z.parts = append(z.parts, slots)
 	}
 	z.all = append(z.all, z.parts...)
+	if s.Adaptive != nil {
+		if z.adaptive, err = h.openAdaptive(z, s.Adaptive); err != nil {
+			return nil, err
+		}
+		z.all = append(z.all, z.adaptive)
+	}
 	if r := s.Response; r != nil {
 		z.response = &responseRule{match: zc.CountResponse, cost: r.Cost, json: r.JSON, headers: r.Headers}
 	}
@@ -397,6 +467,9 @@ func (z *zone) release() {
 	for _, p := range z.all {
 		if c, ok := p.Limiter.(interface{ Close() }); ok {
 			c.Close()
+		}
+		if p.adaptivePool != "" {
+			_, _ = adaptiveZones.Delete(p.adaptivePool)
 		}
 	}
 }

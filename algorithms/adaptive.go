@@ -259,6 +259,14 @@ func (c *AdaptiveConfig) Admit(s *AdaptiveState) bool {
 	return true
 }
 
+// AdmitOver counts a request admitted whatever the limit: a dry run lets
+// every request through and reports what it would shed, and the
+// controller goes on learning from the upstream as it is loaded.
+func (c *AdaptiveConfig) AdmitOver(s *AdaptiveState) {
+	s.InFlight++
+	s.peak = max(s.peak, s.InFlight)
+}
+
 // End records the end at now of a request Admit admitted, after rtt µs.
 // A Cancelled request only frees its slot.
 func (c *AdaptiveConfig) End(s *AdaptiveState, now, rtt int64, o Outcome) {

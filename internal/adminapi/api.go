@@ -34,8 +34,34 @@ type ZoneInfo struct {
 	Ban              float64 `json:"ban,omitempty"`               // seconds
 	BanAfter         int64   `json:"ban_after,omitempty"`
 
+	// Adaptive is the zone's concurrency adaptive, in a zone with it.
+	Adaptive *AdaptiveInfo `json:"adaptive,omitempty"`
+
 	TierKey string              `json:"tier_key,omitempty"`
 	Tiers   map[string]TierInfo `json:"tiers,omitempty"`
+}
+
+// AdaptiveInfo is a zone's concurrency adaptive in GET /rate_limit/zones:
+// its bounds, and its controllers now, added up over its keys (and over
+// the live configurations' states of the zone, each instance's own).
+type AdaptiveInfo struct {
+	Min      int64   `json:"min"`
+	Max      int64   `json:"max"`
+	Window   float64 `json:"window"`    // seconds
+	Limit    int64   `json:"limit"`     // the keys' limits, added up
+	InFlight int64   `json:"in_flight"` // the keys' requests in flight
+	Shed     int64   `json:"shed"`      // requests shed (a dry run: that it would have shed)
+}
+
+// AdaptiveState is one key's concurrency adaptive controller in GET
+// /rate_limit/zones/<zone>/keys/<key>.
+type AdaptiveState struct {
+	Limit    int64   `json:"limit"` // requests admitted in flight now
+	InFlight int64   `json:"in_flight"`
+	Baseline float64 `json:"baseline"` // seconds: the round trip of an upstream not queueing; 0 until learnt
+	Recent   float64 `json:"recent"`   // seconds: the last window's percentile round trip
+	Gradient float64 `json:"gradient"` // the last window's, in [0.5, 1]
+	Windows  int64   `json:"windows"`  // sample windows closed
 }
 
 // TierInfo is one tier's limit in GET /rate_limit/zones.
@@ -64,6 +90,9 @@ type KeyState struct {
 	// InFlight is the key's requests in flight, in a zone with
 	// concurrency.
 	InFlight *int64 `json:"in_flight,omitempty"`
+	// Adaptive is the key's controller, in a zone with concurrency
+	// adaptive.
+	Adaptive *AdaptiveState `json:"adaptive,omitempty"`
 	// Tier is the tier whose state this is (?tier=), in a zone with tiers.
 	Tier string `json:"tier,omitempty"`
 }

@@ -70,6 +70,9 @@ func zoneAlso(z ZoneInfo) string {
 		}
 		also = append(also, s)
 	}
+	if a := z.Adaptive; a != nil {
+		also = append(also, fmt.Sprintf("concurrency adaptive %d-%d: limit %d, %d in flight, %d shed", a.Min, a.Max, a.Limit, a.InFlight, a.Shed))
+	}
 	if z.Ban > 0 {
 		also = append(also, fmt.Sprintf("ban %s after %d", FormatSeconds(z.Ban), z.BanAfter))
 	}
@@ -130,6 +133,14 @@ func WriteKey(out io.Writer, st KeyState) error {
 	}
 	if st.InFlight != nil {
 		fmt.Fprintf(tw, "in flight\t%d\n", *st.InFlight)
+	}
+	if a := st.Adaptive; a != nil {
+		fmt.Fprintf(tw, "adaptive limit\t%d (%d in flight)\n", a.Limit, a.InFlight)
+		if a.Windows > 0 {
+			fmt.Fprintf(tw, "round trips\tbaseline %s, recent %s, gradient %.2f\n", FormatSeconds(a.Baseline), FormatSeconds(a.Recent), a.Gradient)
+		} else {
+			fmt.Fprintf(tw, "round trips\tnone learnt yet\n")
+		}
 	}
 	return tw.Flush()
 }

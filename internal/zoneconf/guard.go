@@ -6,9 +6,12 @@ import (
 	"github.com/caddy-tollgate/tollgate/algorithms"
 )
 
-// guards checks and parses the zone's concurrency, concurrency_lease and
-// ban_after (beside ban) into s.
+// guards checks and parses the zone's concurrency (a number, or adaptive),
+// concurrency_lease and ban_after (beside ban) into s.
 func (zc *Zone) guards(s *Settings) error {
+	if err := zc.adaptive(s); err != nil {
+		return err
+	}
 	if zc.Concurrency < 0 {
 		return fmt.Errorf("concurrency: must be greater than 0, got %d", zc.Concurrency)
 	}

@@ -37,8 +37,10 @@ type Zone struct {
 
 	Concurrency      int64
 	ConcurrencyLease time.Duration
-	Ban              time.Duration
-	BanAfter         int64
+	// Adaptive is concurrency adaptive's settings, nil without it.
+	Adaptive *Adaptive
+	Ban      time.Duration
+	BanAfter int64
 
 	TierKey string
 	Tiers   map[string]*Tier // a nil tier is a tier given without a limit
@@ -66,6 +68,7 @@ type Settings struct {
 	Limit          algorithms.Limit // the rate, or the slots of a zone of concurrency alone
 	Loc            *time.Location   // a calendar window's time zone, else nil
 	Slots          *algorithms.Limit
+	Adaptive       *AdaptiveSettings // concurrency adaptive, or nil
 	Ban            *algorithms.Limit
 	Tiers          map[string]*algorithms.Limit // each listed value's limit, nil for an unlimited one
 	Key            string
@@ -140,14 +143,16 @@ func Parse(zc Zone) (Settings, error) {
 		return s, err
 	}
 	s.Loc = loc
-	if !s.Rate && s.Slots == nil {
+	if !s.Rate && s.Slots == nil && s.Adaptive == nil {
 		return s, fmt.Errorf("events and window are required (or rate), unless the zone has only concurrency")
 	}
 	if !s.Rate {
 		if err := zc.rateOnly(); err != nil {
 			return s, err
 		}
-		s.Limit = *s.Slots
+		if s.Slots != nil {
+			s.Limit = *s.Slots
+		}
 	} else {
 		if loc != nil {
 			s.Limit, err = calendarLimit(events, zc.Window, zc.Months, loc)

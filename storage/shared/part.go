@@ -33,6 +33,11 @@ type Zone struct {
 	// Settles: the part's zone settles its charge when the response is
 	// complete (count_response, cost_response).
 	Settles bool
+	// Adaptive is the part's state when it is an adaptive concurrency
+	// limit (concurrency adaptive), decided in this process by
+	// AdmitAdaptive before the other parts, whatever their store; else
+	// nil.
+	Adaptive *Adaptive
 }
 
 // Part is one part of a request's decision: a zone part, the key and cost
@@ -51,6 +56,9 @@ type Part[Z any] struct {
 	// Strike is 1 + the index of the zone's ban part in the request's
 	// parts, or 0: a rejection here counts as a strike to that ban.
 	Strike int
+	// Hold is the request an adaptive part (Zone.Adaptive) admitted, in
+	// flight until its End.
+	Hold AdaptiveHold
 }
 
 // Charged reports whether the decision took quota that must be given back
