@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
 // Tollgate's Prometheus metrics. Caddy gives every configuration a fresh
@@ -24,6 +26,7 @@ var rateLimitMetrics = struct {
 	requests     *prometheus.CounterVec
 	storeSeconds *prometheus.HistogramVec
 	stores       *storeCollector
+	adaptive     *adaptiveCollector
 }{
 	requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy",
@@ -45,6 +48,20 @@ var rateLimitMetrics = struct {
 			"Keys held by the zone's memory store.", []string{"zone"}, nil),
 		evictions: prometheus.NewDesc("caddy_http_rate_limit_evictions_total",
 			"Keys the zone's memory store evicted to stay within max_keys.", []string{"zone"}, nil),
+	},
+	adaptive: &adaptiveCollector{
+		limit: prometheus.NewDesc("caddy_http_rate_limit_adaptive_limit",
+			"concurrency adaptive: the requests the zone admits in flight now, its keys' limits added up.", []string{"zone"}, nil),
+		inFlight: prometheus.NewDesc("caddy_http_rate_limit_adaptive_in_flight",
+			"concurrency adaptive: the zone's requests in flight, its keys' added up.", []string{"zone"}, nil),
+		baseline: prometheus.NewDesc("caddy_http_rate_limit_adaptive_baseline_seconds",
+			"concurrency adaptive: the round trip of the upstream not queueing, averaged over the zone's keys that learnt one.", []string{"zone"}, nil),
+		recent: prometheus.NewDesc("caddy_http_rate_limit_adaptive_recent_seconds",
+			"concurrency adaptive: the last sample window's percentile round trip, averaged over the zone's keys that learnt one.", []string{"zone"}, nil),
+		gradient: prometheus.NewDesc("caddy_http_rate_limit_adaptive_gradient",
+			"concurrency adaptive: the last window's gradient (1: no queueing; down to 0.5), averaged over the zone's keys that learnt one.", []string{"zone"}, nil),
+		shed: prometheus.NewDesc("caddy_http_rate_limit_adaptive_shed_total",
+			"concurrency adaptive: requests the zone shed (in a dry run: would have shed).", []string{"zone"}, nil),
 	},
 }
 
@@ -130,7 +147,7 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 // docs/prometheus-alerts.yml are tested against them).
 func rateLimitCollectors() []prometheus.Collector {
 	m := &rateLimitMetrics
-	return []prometheus.Collector{m.requests, m.storeSeconds, m.stores}
+	return []prometheus.Collector{m.requests, m.storeSeconds, m.stores, m.adaptive}
 }
 
 // clockBase is what store latencies are timed from, on the monotonic
@@ -210,3 +227,76 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 
 // Interface guard.
 var _ prometheus.Collector = (*storeCollector)(nil)
+
+// adaptiveCollector reports the controllers of the live zones with
+// concurrency adaptive, read when Prometheus scrapes: per zone name, over
+// its distinct states (one across reloads) and their keys.
+type adaptiveCollector struct {
+	limit, inFlight, baseline, recent, gradient, shed *prometheus.Desc
+}
+
+// Describe implements prometheus.Collector.
+func (c *adaptiveCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.limit, c.inFlight, c.baseline, c.recent, c.gradient, c.shed} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *adaptiveCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, a := range liveAdaptive() {
+		g := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, a.zone)
+		}
+		g(c.limit, float64(a.limit))
+		g(c.inFlight, float64(a.inFlight))
+		if a.learnt > 0 {
+			n := float64(a.learnt)
+			g(c.baseline, a.baseline/n/microsPerSecond)
+			g(c.recent, a.recent/n/microsPerSecond)
+			g(c.gradient, a.gradient/n)
+		}
+		ch <- prometheus.MustNewConstMetric(c.shed, prometheus.CounterValue, float64(a.shed), a.zone)
+	}
+}
+
+// adaptiveSum is a zone name's controllers added up.
+type adaptiveSum struct {
+	zone                       string
+	limit, inFlight, shed      int64
+	learnt                     int // keys that closed a window
+	baseline, recent, gradient float64
+}
+
+// liveAdaptive adds up the controllers of the live zones with
+// concurrency adaptive and metrics, one per zone name, sorted by name.
+func liveAdaptive() []adaptiveSum {
+	var sums []adaptiveSum
+	seen := map[*shared.Adaptive]bool{}
+	for _, lz := range liveZones() {
+		a := lz.z.adaptive
+		if a == nil || lz.z.metrics == nil || seen[a.Adaptive] {
+			continue
+		}
+		seen[a.Adaptive] = true
+		if len(sums) == 0 || sums[len(sums)-1].zone != lz.z.name {
+			sums = append(sums, adaptiveSum{zone: lz.z.name})
+		}
+		s := &sums[len(sums)-1]
+		s.shed += a.Adaptive.Shed()
+		a.Adaptive.Each(func(_ string, st shared.AdaptiveState, _ bool) {
+			s.limit += st.Limit
+			s.inFlight += st.InFlight
+			if st.Windows > 0 {
+				s.learnt++
+				s.baseline += float64(st.Baseline)
+				s.recent += float64(st.Recent)
+				s.gradient += st.Gradient
+			}
+		})
+	}
+	return sums
+}
+
+// Interface guard.
+var _ prometheus.Collector = (*adaptiveCollector)(nil)
