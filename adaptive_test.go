@@ -2,9 +2,14 @@ package tollgate
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	"github.com/caddy-tollgate/tollgate/internal/adminapi"
@@ -107,4 +112,227 @@ func TestAdaptiveStatusAndDryRun(t *testing.T) {
 			<-done
 		})
 	}
+}
+
+// TestAdaptiveAdapts: the Caddyfile's concurrency adaptive, with and
+// without its block, is the JSON's concurrency_adaptive, every setting in
+// its field.
+func TestAdaptiveAdapts(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"concurrency adaptive", `{}`},
+		{"rate 5/s\n\t\tconcurrency adaptive {\n\t\t\tmin 2\n\t\t\tmax 50\n\t\t\tinitial 10\n\t\t\twindow 500ms\n\t\t\tmin_samples 10\n\t\t\tpercentile 0.95\n\t\t\ttolerance 1.5\n\t\t\tsmoothing 0.3\n\t\t\tepoch 20\n\t\t\tmax_keys 100\n\t\t\tstatus 429\n\t\t}",
+			`{"epoch":20,"initial":10,"max":50,"max_keys":100,"min":2,"min_samples":10,"percentile":0.95,"smoothing":0.3,"status":429,"tolerance":1.5,"window":500000000}`},
+	} {
+		site := ":8080 {\n\trate_limit {\n\t\tzone z {\n\t\t" + tc.body + "\n\t\t}\n\t}\n\trespond ok\n}\n"
+		cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site), nil)
+		if err != nil {
+			t.Fatalf("adapt %q: %v", tc.body, err)
+		}
+		var c any
+		if err := json.Unmarshal(cfg, &c); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := json.Marshal(findKey(c, "concurrency_adaptive"))
+		if string(got) != tc.want {
+			t.Errorf("adapt %q: concurrency_adaptive %s, want %s", tc.body, got, tc.want)
+		}
+		if err := validateJSON(cfg); err != nil {
+			t.Errorf("validate %q: %v", tc.body, err)
+		}
+	}
+}
+
+// findKey returns the value of the first key named key in a decoded JSON
+// value, or nil.
+func findKey(v any, key string) any {
+	switch v := v.(type) {
+	case map[string]any:
+		if x, ok := v[key]; ok {
+			return x
+		}
+		for _, x := range v {
+			if f := findKey(x, key); f != nil {
+				return f
+			}
+		}
+	case []any:
+		for _, x := range v {
+			if f := findKey(x, key); f != nil {
+				return f
+			}
+		}
+	}
+	return nil
+}
+
+// adaptiveRateSite: zone both with a rate and concurrency adaptive pinned
+// to one in flight, on storage, in front of up.
+func adaptiveRateSite(up, storage, global string) string {
+	return withGlobal(global) + `
+	localhost:9080 {
+		rate_limit {
+			zone both {
+				key {http.request.header.X-Client}
+				rate 3/h
+				concurrency adaptive {
+					min 1
+					max 1
+				}
+			}
+			` + storage + `
+		}
+		reverse_proxy ` + strings.TrimPrefix(up, "http://") + `
+	}`
+}
+
+// TestAdaptiveBesideARate: a request the adaptive part sheds charges the
+// rate nothing (it is decided first, and the store is not asked), and a
+// request the rate rejects gives its adaptive place back; on memory and
+// Redis. The adaptive state survives a reload, with its request in flight.
+func TestAdaptiveBesideARate(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := newUpstream(t)
+			tester := caddytest.NewTester(t)
+			store := storage(t)
+			tester.InitServer(adaptiveRateSite(up.URL, store, ""), "caddyfile")
+			key := "both-" + name
+			status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", key)
+			if status != 200 {
+				t.Fatalf("first: status %d", status)
+			}
+			resp, _ := get(t, tester, "/sleep", "X-Client: "+key)
+			check(t, "shed", resp, "", want{503, map[string]string{"Retry-After": "1"}, ""})
+			var st adminapi.KeyState
+			adminDo(t, "GET", "/rate_limit/zones/both/keys/"+key, &st)
+			if st.Remaining != 2 || st.Adaptive == nil || st.Adaptive.InFlight != 1 {
+				t.Errorf("after the shed: remaining %d, adaptive %+v; want 2 (the shed request charged nothing) and 1 in flight", st.Remaining, st.Adaptive)
+			}
+
+			// A reload keeps what the controller holds.
+			reload(t, adaptiveRateSite(up.URL, store, ""))
+			if a := adaptiveKey(t, "both", key); a == nil || a.InFlight != 1 {
+				t.Errorf("after a reload: %+v, want the request still in flight", a)
+			}
+			up.release <- struct{}{}
+			<-done
+			waitFor(t, "the place back", func() bool { a := adaptiveKey(t, "both", key); return a != nil && a.InFlight == 0 })
+
+			for i := 0; i < 2; i++ {
+				resp, _ = get(t, tester, "/sleep", "X-Client: "+key)
+				check(t, "within the rate", resp, "", want{200, nil, ""})
+			}
+			resp, _ = get(t, tester, "/sleep", "X-Client: "+key)
+			check(t, "over the rate", resp, "", want{429, nil, ""})
+			if a := adaptiveKey(t, "both", key); a == nil || a.InFlight != 0 {
+				t.Errorf("after the rate rejected: %+v, want nothing in flight", a)
+			}
+		})
+	}
+}
+
+// TestAdaptiveLearnsWhatTheUpstreamSaid: the round trip lasts until the
+// response's status is written (a body streamed for a second more is not
+// the upstream's queue); a 5xx is a drop, which cuts the limit; a client
+// gone before an answer teaches nothing. Time is the tests' fake clock.
+func TestAdaptiveLearnsWhatTheUpstreamSaid(t *testing.T) {
+	up := newUpstream(t)
+	fail := newFixedStatus(t, 502)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone learn {
+				key {http.request.header.X-Client}
+				concurrency adaptive {
+					window 1ms
+					min_samples 1
+				}
+			}
+		}
+		@fail path /fail
+		reverse_proxy @fail `+strings.TrimPrefix(fail.URL, "http://")+`
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+
+	// A streamed answer: its status at once, its body a second later.
+	status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", "stream")
+	if status != 200 {
+		t.Fatalf("stream: status %d", status)
+	}
+	advance(time.Second)
+	up.release <- struct{}{}
+	<-done
+	waitFor(t, "the stream's end", func() bool { a := adaptiveKey(t, "learn", "stream"); return a != nil && a.Windows == 1 })
+	if a := adaptiveKey(t, "learn", "stream"); a.Recent > 0.01 {
+		t.Errorf("a streamed answer's round trip %gs: the body's second counted as the upstream's", a.Recent)
+	}
+
+	// Drops: a window of 5xx cuts the limit by a tenth.
+	for i := 0; i < 3; i++ {
+		advance(2 * time.Millisecond)
+		resp, _ := get(t, tester, "/fail", "X-Client: drops")
+		check(t, "a 502", resp, "", want{502, nil, ""})
+	}
+	if a := adaptiveKey(t, "learn", "drops"); a == nil || a.Limit >= 20 || a.Windows == 0 {
+		t.Errorf("after windows of 502s: %+v, want the limit cut below its initial 20", a)
+	}
+
+	// A client gone before the answer: nothing learnt.
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/dl", nil)
+	req.Header.Set("X-Client", "gone")
+	go func() {
+		waitFor(t, "the request at the upstream", func() bool { return up.held.Load() == 1 })
+		advance(time.Second)
+		cancel()
+	}()
+	if resp, err := tester.Client.Do(req); err == nil {
+		resp.Body.Close()
+	}
+	waitFor(t, "the place back", func() bool { a := adaptiveKey(t, "learn", "gone"); return a != nil && a.InFlight == 0 })
+	if a := adaptiveKey(t, "learn", "gone"); a.Windows != 0 {
+		t.Errorf("a client gone before the answer taught: %+v", a)
+	}
+}
+
+// newFixedStatus is an upstream that answers every request with status.
+func newFixedStatus(t *testing.T, status int) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) }))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestAdaptiveMetrics: the adaptive series through Caddy's metrics.
+func TestAdaptiveMetrics(t *testing.T) {
+	up := newUpstream(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(withGlobal("metrics")+`
+	localhost:9080 {
+		rate_limit {
+			zone m_adaptive {
+				key {http.request.header.X-Client}
+				concurrency adaptive {
+					min 1
+					max 1
+				}
+			}
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+	status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", "m")
+	if status != 200 {
+		t.Fatalf("first: status %d", status)
+	}
+	resp, _ := get(t, tester, "/sleep", "X-Client: m")
+	check(t, "shed", resp, "", want{503, nil, ""})
+	checkSeries(t, "one in flight, one shed", scrape(t), map[string]float64{
+		`caddy_http_rate_limit_adaptive_limit{zone="m_adaptive"}`:      1,
+		`caddy_http_rate_limit_adaptive_in_flight{zone="m_adaptive"}`:  1,
+		`caddy_http_rate_limit_adaptive_shed_total{zone="m_adaptive"}`: 1,
+		requests("m_adaptive", "allowed"):                              1,
+		requests("m_adaptive", "rejected"):                             1,
+	})
+	up.release <- struct{}{}
+	<-done
 }

@@ -143,7 +143,7 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 		"<<<", "zone z {\n key <<EOF\nx\nEOF\n rate 1/s\n}", "zone z {\n key `{a}\n rate 1/s\n}", "zone z {\n rate 1/s\n}\nstorage redis {\n url redis://u:p@h:x\n}",
 		"zone z {\n algorithm sliding_log\n rate 100000/h\n}\nmax_keys 1", "zone z {\n rate 1000000/s\n burst 1099511627776\n}",
 		"zone z {\n rate 5/m\n ban 15m\n ban_after 3\n concurrency 2\n concurrency_lease 5s\n}",
-		"zone z {\n concurrency 1\n}", "zone z {\n rate 2/m\n tier {header.P} {\n  gold 5/m burst 6\n  free 1/m\n  staff unlimited\n }\n}",
+		"zone z {\n concurrency 1\n}", "zone z {\n concurrency adaptive\n}", "zone z {\n rate 5/s\n concurrency adaptive {\n  min 2\n  max 9\n  window 10ms\n  percentile 0.5\n  status 429\n }\n}", "zone z {\n rate 2/m\n tier {header.P} {\n  gold 5/m burst 6\n  free 1/m\n  staff unlimited\n }\n}",
 		"zone z {\n rate 2/m\n tier {header.P} {\n }\n}",
 		"zone z {\n algorithm fixed_window\n rate 1000/mo\n align calendar\n timezone Europe/Berlin\n tier {header.P} {\n  pro 50000/3mo\n  day 10/2d\n }\n}",
 		"zone z {\n algorithm fixed_window\n events 3\n window 2w\n align calendar\n}", "zone z {\n rate 2/m\n tier {header.P} {\n  \"\" 1/s\n  x 0/s burst\n }\n}",
@@ -185,7 +185,8 @@ func FuzzJSONConfig(f *testing.F) {
 		`{"rate_limits": {"z": {"events": 1099511627776, "window": 1125899906842624000}}}`,
 		`{"rate_limits": {"z": {"events": 1, "window": "1s"}}, "storage": {"module": "redis", "url": "redis://u:secret@h:x"}}`,
 		`{"rate_limits": {"z": {"events": 5, "window": "1m", "ban": "15m", "ban_after": 3, "concurrency": 2, "concurrency_lease": "5s"}}}`,
-		`{"rate_limits": {"z": {"concurrency": 1}}}`,
+		`{"rate_limits": {"z": {"concurrency": 1}}}`, `{"rate_limits": {"z": {"concurrency_adaptive": {}}}}`,
+		`{"rate_limits": {"z": {"concurrency_adaptive": {"min": 1, "max": 1, "initial": 1, "window": 1, "min_samples": 1, "percentile": 0.01, "tolerance": 1, "smoothing": 1, "epoch": 4, "max_keys": 1, "status": 599}}}}`,
 		`{"rate_limits": {"z": {"algorithm": "fixed_window", "events": 100, "window": "1mo", "align": "calendar", "timezone": "Asia/Kolkata", "tier_key": "{http.request.header.P}", "tiers": {"pro": {"events": 5000, "window": "2w"}}}}}`, `{"rate_limits": {"z": {"concurrency": -1, "ban": "-1s"}}}`,
 		`{"rate_limits": {"z": {"events": 2, "window": "1m", "tier_key": "{http.request.header.P}", "tiers": {"gold": {"events": 5, "window": "1m", "burst": 6}, "staff": {"unlimited": true}, "x": null}}}}`,
 	} {
