@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
@@ -104,6 +106,9 @@ type ixZone struct {
 	settle bool
 	grants bool           // the test grants its keys quota (a grant step)
 	tz     *time.Location // align calendar in this time zone (window 1d)
+	// adaptive: concurrency adaptive, at most this many in flight (max),
+	// starting at it; each instance (here one process) adapts alone.
+	adaptive int
 }
 
 const ixWindow = time.Hour
@@ -122,7 +127,12 @@ var ixZones = []ixZone{
 	{name: "ix_cost", algo: "token_bucket", paths: []string{"/cost"}, events: 4, window: ixWindow, settle: true},
 	{name: "ix_costg", algo: "gcra", paths: []string{"/cost"}, events: 5, window: ixWindow, settle: true},
 	{name: "ix_day", algo: "fixed_window", paths: []string{"/day"}, events: 5, window: 24 * time.Hour, costly: true, grants: true, tz: ixKolkata},
+	{name: "ix_adapt", paths: []string{"/ahold"}, adaptive: ixAdaptiveMax},
 }
+
+// ixAdaptiveMax is ix_adapt's max: requests of a key in flight in this
+// process, its instances together, never exceed it.
+const ixAdaptiveMax = 2
 
 // ixKolkata is the calendar zone's time zone: a half-hour offset.
 var ixKolkata = func() *time.Location {
@@ -187,6 +197,9 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 			if z.slots > 0 {
 				fmt.Fprintf(&zones, "\t\t\t\tconcurrency %d\n", z.slots)
 			}
+			if z.adaptive > 0 {
+				fmt.Fprintf(&zones, "\t\t\t\tconcurrency adaptive {\n\t\t\t\t\tmin 1\n\t\t\t\t\tmax %d\n\t\t\t\t\tinitial %d\n\t\t\t\t\tmin_samples 2\n\t\t\t\t}\n", z.adaptive, z.adaptive)
+			}
 			if z.failures {
 				zones.WriteString("\t\t\t\tcount_response {\n\t\t\t\t\tstatus 401\n\t\t\t\t}\n")
 			}
@@ -219,6 +232,11 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 				header_up X-Instance %d
 			}
 		}
+		handle /ahold {
+			reverse_proxy %s {
+				header_up X-Instance %d
+			}
+		}
 		handle /cost {
 			encode {
 				gzip
@@ -230,7 +248,7 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 			reverse_proxy %s
 		}
 		respond "ok"
-	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"), strings.TrimPrefix(up, "http://"))
+	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"), strings.TrimPrefix(up, "http://"))
 	}
 	return cfg
 }
@@ -251,6 +269,7 @@ type ixUpstream struct {
 
 type ixHeld struct {
 	key, instance string
+	adaptive      bool // an /ahold request, in ix_adapt
 	excused       bool // admitted while Redis did not answer, or before a Redis restart
 	release       chan struct{}
 }
@@ -270,14 +289,14 @@ func newIxUpstream(t *testing.T, slots int) *ixUpstream {
 			return
 		}
 		h := &ixHeld{key: r.Header.Get("X-Client"), instance: r.Header.Get("X-Instance"),
-			excused: r.Header.Get("X-Outage") != "", release: make(chan struct{})}
+			excused: r.Header.Get("X-Outage") != "", release: make(chan struct{}), adaptive: r.URL.Path == "/ahold"}
 		id := r.Header.Get("X-Hold")
 		u.mu.Lock()
 		u.held[id] = h
 		u.seen[id] = true
 		var here, all, excused int
 		for _, o := range u.held {
-			if o.key == h.key {
+			if o.key == h.key && o.adaptive == h.adaptive {
 				all++
 				if o.instance == h.instance {
 					here++
@@ -289,6 +308,11 @@ func newIxUpstream(t *testing.T, slots int) *ixUpstream {
 		}
 		if u.fault == "" {
 			switch {
+			case h.adaptive:
+				// Memory, whatever the storage: no outage excuses it.
+				if all > ixAdaptiveMax {
+					u.fault = fmt.Sprintf("key %s: %d requests in flight in ix_adapt, max %d", h.key, all, ixAdaptiveMax)
+				}
 			case here > u.slots:
 				u.fault = fmt.Sprintf("key %s: %d requests in flight on instance %s, concurrency %d", h.key, here, h.instance, u.slots)
 			case all > u.slots && excused == 0:
@@ -423,7 +447,7 @@ func (s ixStep) String() string {
 		}
 		return fmt.Sprintf("%s i%d %s k%d cost=%d plan=%q n=%d", s.kind, s.instance, s.path, s.key, s.cost, s.plan, s.n)
 	case "hold":
-		return fmt.Sprintf("hold i%d k%d", s.instance, s.key)
+		return fmt.Sprintf("hold i%d %s k%d", s.instance, s.path, s.key)
 	case "release", "leave":
 		return fmt.Sprintf("%s #%d", s.kind, s.n)
 	case "advance":
@@ -481,7 +505,7 @@ func ixGenerate(seed int64, n int, redis bool) []ixStep {
 		case p < 50:
 			s.kind, s.n = "burst", 4+rng.Intn(6)
 		case p < 60:
-			s.kind = "hold"
+			s.kind, s.path = "hold", []string{"/hold", "/ahold"}[rng.Intn(2)]
 		case p < 67:
 			s.kind, s.n = "release", rng.Intn(1000)
 		case p < 72:
@@ -593,6 +617,8 @@ type ixHoldReq struct {
 	id     string
 	cancel context.CancelFunc
 	done   <-chan struct{}
+	key    int  // its key
+	ahold  bool // an /ahold request, in ix_adapt
 }
 
 func (r *ixRun) now() int64 {
@@ -754,7 +780,11 @@ func (r *ixRun) held(st ixStarted) {
 func (r *ixRun) startHold(s ixStep, step int, outage bool) ixStarted {
 	ctx, cancel := context.WithCancel(context.Background())
 	id := fmt.Sprintf("%s%d", r.prefix, step)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.url(s.instance, "/hold"), nil)
+	path := "/hold"
+	if s.path == "/ahold" {
+		path = s.path
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.url(s.instance, path), nil)
 	req.Header.Set("X-Client", r.key(s.key))
 	req.Header.Set("X-Hold", id)
 	// Its connection is not kept: a hold may outlive a reload, and a
@@ -781,7 +811,7 @@ func (r *ixRun) startHold(s ixStep, step int, outage bool) ixStarted {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		cancel()
-		if resp.StatusCode != 429 {
+		if resp.StatusCode != 429 && (path != "/ahold" || resp.StatusCode != 503) {
 			return ixStarted{fault: fmt.Sprintf("step %d: %s: status %d", step, s, resp.StatusCode)}
 		}
 		return ixStarted{}
@@ -796,7 +826,7 @@ func (r *ixRun) startHold(s ixStep, step int, outage bool) ixStarted {
 		resp.Body.Close()
 		close(done)
 	}()
-	st.h = &ixHoldReq{id: id, cancel: cancel, done: done}
+	st.h = &ixHoldReq{id: id, cancel: cancel, done: done, key: s.key, ahold: path == "/ahold"}
 	return st
 }
 
@@ -1213,6 +1243,52 @@ func (r *ixRun) check(step int) {
 	}
 }
 
+// checkAdaptive checks that ix_adapt counts in flight, for each key,
+// exactly the /ahold requests the run holds: none leaked by a client that
+// left, a reload or a Redis restart, none forgotten. A request that ended
+// is given back as its handler returns, just after its client saw the
+// end: the count may lag for a moment.
+func (r *ixRun) checkAdaptive(step int) {
+	for k := 0; k < 4; k++ {
+		want := int64(0)
+		for _, h := range r.holds {
+			if h.ahold && h.key == k {
+				want++
+			}
+		}
+		var got int64
+		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			got = r.adaptiveInFlight(k)
+			if got == want || time.Now().After(deadline) {
+				break
+			}
+		}
+		if got != want {
+			r.failf("step %d: ix_adapt key %s: %d in flight, the run holds %d", step, r.key(k), got, want)
+		}
+	}
+}
+
+// adaptiveInFlight reads ix_adapt's requests in flight of key k from the
+// admin API (0 for a key it holds no controller for).
+func (r *ixRun) adaptiveInFlight(k int) int64 {
+	resp, err := http.Get(adminBase + "/rate_limit/zones/ix_adapt/keys/" + r.key(k))
+	if err != nil {
+		r.failf("GET ix_adapt key: %v", err)
+		return -1
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return 0
+	}
+	var st adminapi.KeyState
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || st.Adaptive == nil {
+		r.failf("GET ix_adapt key %s: status %d, %v, %+v", r.key(k), resp.StatusCode, err, st)
+		return -1
+	}
+	return st.Adaptive.InFlight
+}
+
 // windowOf is the window that holds at, of a window algorithm's zone: a
 // multiple of the window since the epoch, or a calendar day in z.tz (as
 // yyyymmdd).
@@ -1375,6 +1451,10 @@ func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []st
 		r.took[kind] += time.Since(began)
 		r.steps++
 		r.check(i)
+		switch s.kind {
+		case "hold", "release", "leave", "reload", "restart":
+			r.checkAdaptive(i)
+		}
 		if len(r.errs) > 0 {
 			return i, r.errs
 		}
