@@ -77,9 +77,16 @@ func BenchmarkServeHTTP(b *testing.B) {
 		{"key=client_ip/headers=ietf/concurrency", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), Concurrency: 1 << 20}, nil, false},
 		{"key=client_ip/headers=ietf/tier", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), TierKey: "{http.request.header.X-API-Key}",
 			Tiers: map[string]*Tier{"key-0": {Events: 1 << 30, Window: caddy.Duration(7200e9)}}}, nil, false},
+		// concurrency adaptive beside the rate, and alone (one key: a
+		// controller is 1.3 KB a key).
+		{"key=client_ip/headers=ietf/adaptive", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), ConcurrencyAdaptive: &Adaptive{Max: 1 << 20}}, nil, false},
+		{"key=client_ip/headers=ietf/adaptive_alone", Zone{ConcurrencyAdaptive: &Adaptive{Max: 1 << 20}}, nil, false},
 	}
 	for _, c := range cases {
 		for _, keys := range []int{1, 100_000} {
+			if keys > 1 && c.zone.ConcurrencyAdaptive != nil {
+				continue
+			}
 			b.Run(c.name+"/keys="+strconv.Itoa(keys), func(b *testing.B) {
 				z := c.zone
 				h := &Handler{RateLimits: map[string]*Zone{"bench": &z}, Headers: c.hdrs}

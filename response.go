@@ -131,7 +131,7 @@ func writtenHeaders(repl *caddy.Replacer, header http.Header) *caddy.Replacer {
 // directive that removes X-Usage from what clients see, changes them only
 // after, on its way out.
 type responseTap struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper
 	status int
 	wrote  bool        // the final status was written
 	keep   bool        // a zone reads the headers: header keeps them
@@ -143,7 +143,7 @@ type responseTap struct {
 }
 
 func newResponseTap(w http.ResponseWriter, results []result) *responseTap {
-	t := &responseTap{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	t := &responseTap{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	var paths []string
 	for i := range results {
 		if results[i].Settles() {
