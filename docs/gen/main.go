@@ -2,7 +2,9 @@
 // (a burst, a pause, then a steady stream over the limit) against each of
 // Tollgate's algorithms, decided by the real algorithms package, and what
 // each admits over time. It writes one SVG per algorithm and algorithms.svg
-// with all of them side by side:
+// with all of them side by side; and adaptive.svg, concurrency adaptive's
+// controller in front of a simulated upstream whose capacity halves and
+// returns (adaptive.go):
 //
 //	go run ./docs/gen            # writes docs/img/*.svg
 //	go run ./docs/gen -out dir   # elsewhere
@@ -178,7 +180,14 @@ func generate(dir string) error {
 		panel(&b, r, float64(i%columns*panelW), float64(headerH+i/columns*panelH), panelW, panelH)
 	}
 	b.WriteString("</svg>\n")
-	return os.WriteFile(filepath.Join(dir, "algorithms.svg"), b.Bytes(), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "algorithms.svg"), b.Bytes(), 0o644); err != nil {
+		return err
+	}
+	svg, err := adaptivePicture()
+	if err != nil {
+		return fmt.Errorf("adaptive: %w", err)
+	}
+	return os.WriteFile(filepath.Join(dir, "adaptive.svg"), svg, 0o644)
 }
 
 func svgOpen(b *bytes.Buffer, w, h, offered, admitted int) {

@@ -180,8 +180,8 @@ func TestGenerate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != len(pictured)+1 {
-		t.Errorf("generated %d SVGs, want one per algorithm (%d) and algorithms.svg", len(files), len(pictured))
+	if len(files) != len(pictured)+2 {
+		t.Errorf("generated %d SVGs, want one per algorithm (%d), algorithms.svg and adaptive.svg", len(files), len(pictured))
 	}
 	for _, f := range files {
 		file := filepath.Base(f)
@@ -197,8 +197,12 @@ func TestGenerate(t *testing.T) {
 			}
 		})
 		want := 1
-		if file == "algorithms.svg" {
+		switch file {
+		case "algorithms.svg":
 			want = len(pictured)
+		case "adaptive.svg":
+			want = 0
+			checkAdaptive(t, svg)
 		}
 		if len(names) != want {
 			t.Errorf("%s: %d panels %q, want %d", file, len(names), names, want)
