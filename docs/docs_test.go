@@ -305,7 +305,7 @@ type entry struct {
 func (e entry) String() string { return fmt.Sprintf("reference.md:%d (%s)", e.line, e.heading) }
 
 // referenceGroups are the groups of the reference whose entries are options.
-var referenceGroups = []string{"Handler", "Zone", "Tier", "Storage: redis"}
+var referenceGroups = []string{"Handler", "Zone", "Tier", "Concurrency adaptive", "Storage: redis"}
 
 var (
 	codeSpan = regexp.MustCompile("`([^`]*)`")
@@ -421,6 +421,8 @@ func groupNames(t *testing.T) map[string][]string {
 		"Zone": append(caddyfileOptions(t, "caddyfile.go", "Handler", "unmarshalZone"),
 			jsonFields(tollgate.Zone{})...),
 		"Tier": jsonFields(tollgate.Tier{}),
+		"Concurrency adaptive": append(caddyfileOptions(t, "caddyfile.go", "", "unmarshalAdaptive"),
+			jsonFields(tollgate.Adaptive{})...),
 		"Storage: redis": append(append(caddyfileOptions(t, "storage_redis.go", "RedisStorage", "UnmarshalCaddyfile"),
 			jsonFields(tollgate.RedisStorage{})...), jsonFields(tollgate.RedisTLS{})...),
 	}
@@ -499,6 +501,8 @@ func entryConfig(e entry, lines []string) (lang, body string) {
 		return "caddyfile", inZone(snippet)
 	case "Tier":
 		return "caddyfile", inZone("rate 10/s\ntier {http.request.header.X-Plan} {\n" + snippet + "\n}")
+	case "Concurrency adaptive":
+		return "caddyfile", inZone("concurrency adaptive {\n" + snippet + "\n}")
 	case "Storage: redis":
 		return "caddyfile", inRateLimit("storage redis {\n" + snippet + "\n}")
 	}
@@ -553,6 +557,7 @@ var configStructs = []struct{ file, name, group string }{
 	{"module.go", "Handler", "Handler"},
 	{"zone.go", "Zone", "Zone"},
 	{"tier.go", "Tier", "Tier"},
+	{"zone.go", "Adaptive", "Concurrency adaptive"},
 	{"storage_redis.go", "RedisStorage", "Storage: redis"},
 	{"storage_redis.go", "RedisTLS", "Storage: redis"},
 }
