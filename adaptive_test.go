@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +64,16 @@ func TestAdaptiveShedsThroughCaddy(t *testing.T) {
 	check(t, "second, shed", resp, "", want{503, map[string]string{"Retry-After": "1", "RateLimit": ""}, ""})
 	if st := adaptiveKey(t, "cap", "a"); st == nil || st.InFlight != 1 || st.Limit != 1 {
 		t.Errorf("key a: %+v, want 1 in flight of 1", st)
+	}
+	// The command line shows them.
+	addr := "--address=" + testAdmin
+	out, err := runCLI(t, addr, "zones")
+	if rows := tableRows(t, out); err != nil || len(rows) != 2 || strings.Join(rows[1], "|") != "cap|-|-|-|memory|1|concurrency adaptive 1-1: limit 1, 1 in flight, 1 shed" {
+		t.Errorf("rate-limit zones: %v, printed:\n%s", err, out)
+	}
+	out, err = runCLI(t, addr, "show", "cap", "a")
+	if kt := keyTable(t, out); err != nil || kt["adaptive limit"] != "1 (1 in flight)" || kt["round trips"] != "none learnt yet" || kt["allowed"] != "no, next in 1ms" {
+		t.Errorf("rate-limit show: %v, printed:\n%s", err, out)
 	}
 	status, done2 := startRequest(t, ctx, tester.Client, base+"/dl", "b")
 	if status != 200 {
@@ -238,6 +249,7 @@ func TestAdaptiveBesideARate(t *testing.T) {
 func TestAdaptiveLearnsWhatTheUpstreamSaid(t *testing.T) {
 	up := newUpstream(t)
 	fail := newFixedStatus(t, 502)
+	silent := newSilent(t)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(globalOptions+`
 	localhost:9080 {
@@ -252,6 +264,8 @@ func TestAdaptiveLearnsWhatTheUpstreamSaid(t *testing.T) {
 		}
 		@fail path /fail
 		reverse_proxy @fail `+strings.TrimPrefix(fail.URL, "http://")+`
+		@silent path /silent
+		reverse_proxy @silent `+strings.TrimPrefix(silent.URL, "http://")+`
 		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
 	}`, "caddyfile")
 
@@ -278,17 +292,21 @@ func TestAdaptiveLearnsWhatTheUpstreamSaid(t *testing.T) {
 		t.Errorf("after windows of 502s: %+v, want the limit cut below its initial 20", a)
 	}
 
-	// A client gone before the answer: nothing learnt.
+	// A client gone before the answer: nothing learnt. The upstream
+	// holds the request without a word until the client leaves.
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/dl", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/silent", nil)
 	req.Header.Set("X-Client", "gone")
-	go func() {
-		waitFor(t, "the request at the upstream", func() bool { return up.held.Load() == 1 })
+	go func() { // the client leaves once the upstream holds its request
+		for deadline := time.Now().Add(10 * time.Second); silent.held.Load() == 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
 		advance(time.Second)
 		cancel()
 	}()
 	if resp, err := tester.Client.Do(req); err == nil {
 		resp.Body.Close()
+		t.Fatalf("the client that left got an answer: %d", resp.StatusCode)
 	}
 	waitFor(t, "the place back", func() bool { a := adaptiveKey(t, "learn", "gone"); return a != nil && a.InFlight == 0 })
 	if a := adaptiveKey(t, "learn", "gone"); a.Windows != 0 {
@@ -299,6 +317,27 @@ func TestAdaptiveLearnsWhatTheUpstreamSaid(t *testing.T) {
 // newFixedStatus is an upstream that answers every request with status.
 func newFixedStatus(t *testing.T, status int) *httptest.Server {
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) }))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// silent is an upstream that answers nothing until its client leaves,
+// counting the requests it holds.
+type silent struct {
+	*httptest.Server
+	held atomic.Int64
+}
+
+func newSilent(t *testing.T) *silent {
+	s := &silent{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.held.Add(1)
+		defer s.held.Add(-1)
+		select {
+		case <-r.Context().Done():
+		case <-time.After(30 * time.Second):
+		}
+	}))
 	t.Cleanup(s.Close)
 	return s
 }

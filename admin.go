@@ -327,6 +327,9 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 					Gradient: as.Gradient, Windows: as.Windows}
 				if a == lz.z { // concurrency adaptive alone: it is the quota
 					st.Allowed, st.Remaining = as.InFlight < as.Limit, max(as.Limit-as.InFlight, 0)
+					if !st.Allowed { // as a shed request's Retry-After: its recent round trip
+						st.Wait = float64(max(as.Recent, 1)) / microsPerSecond
+					}
 				}
 			}
 		}
