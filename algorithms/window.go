@@ -163,9 +163,19 @@ func (l *Limit) weight(prev, toNext int64) int64 {
 	if prev <= 0 || toNext <= 0 {
 		return 0
 	}
+	// The product in 128 bits, divided exactly: one multiplication and
+	// one division, where a decision is within a window (toNext <= W,
+	// so that the quotient, at most prev, fits).
+	if hi, lo := bits.Mul64(uint64(prev), uint64(toNext)); hi < uint64(l.Window) {
+		q, r := bits.Div64(hi, lo, uint64(l.Window))
+		if r != 0 {
+			q++
+		}
+		return int64(q)
+	}
 	// A float estimate, corrected by exact comparisons (the Lua twin
-	// corrects its own estimate the same way, so both end on the one
-	// exact answer).
+	// corrects its own estimate the same way, so every path ends on the
+	// one exact answer).
 	q := int64(math.Ceil(float64(prev) * float64(toNext) / float64(l.Window)))
 	for q > 0 && mulCmp(q-1, l.Window, prev, toNext) >= 0 {
 		q--
