@@ -22,23 +22,23 @@ func (l *Limit) drain(debt, elapsed int64) int64 {
 	if elapsed >= l.micros(debt) {
 		return 0
 	}
-	return debt - elapsed*l.scale() // elapsed < debt/Scale + 1: no overflow
+	return debt - l.ticks(elapsed) // elapsed < debt/Scale + 1: no overflow
 }
 
-// bucket decides for TokenBucket and LeakyBucket. State: At = last refill
-// (µs), Level = debt in ticks.
-func (l *Limit) bucket(s *State, now, cost int64, commit bool) Decision {
+// bucket decides for TokenBucket and LeakyBucket into *d. State: At =
+// last refill (µs), Level = debt in ticks.
+func (l *Limit) bucket(s *State, now, cost int64, commit bool, d *Decision) {
 	if now < s.At {
 		now = s.At // the clock ran backwards: no time has elapsed
 	}
 	debt := l.drain(s.Level, now-s.At)
 	s.At, s.Level = now, debt
-	return l.meter(&s.Level, now, cost, commit)
+	l.meter(&s.Level, now, cost, commit, d)
 }
 
-// meter decides cost against the debt *level (ticks) at now, adding its inc
-// when commit and admitted.
-func (l *Limit) meter(level *int64, now, cost int64, commit bool) Decision {
+// meter decides cost against the debt *level (ticks) at now into *d,
+// adding its inc when commit and admitted.
+func (l *Limit) meter(level *int64, now, cost int64, commit bool, d *Decision) {
 	debt := *level
 	inc := l.inc(cost)
 	over := debt + inc - l.Tau
@@ -47,14 +47,14 @@ func (l *Limit) meter(level *int64, now, cost int64, commit bool) Decision {
 		if commit {
 			*level = debt + inc
 		}
-		return Decision{Allowed: true, Remaining: l.wholeUnits(l.Tau - *level), Reset: l.micros(*level), At: now}
-	case l.MaxDelay > 0 && over <= l.MaxDelay*l.scale():
+		*d = Decision{Allowed: true, Remaining: l.wholeUnits(l.Tau - *level), Reset: l.micros(*level), At: now}
+	case l.MaxDelay > 0 && over <= l.ticks(l.MaxDelay):
 		if commit {
 			*level = debt + inc
 		}
-		return Decision{Allowed: true, Remaining: 0, Reset: l.micros(*level), Delay: l.micros(over), At: now}
+		*d = Decision{Allowed: true, Remaining: 0, Reset: l.micros(*level), Delay: l.micros(over), At: now}
 	default:
-		return Decision{Remaining: l.wholeUnits(l.Tau - debt), Reset: l.micros(debt), Wait: l.micros(over - l.MaxDelay*l.scale()), At: now}
+		*d = Decision{Remaining: l.wholeUnits(l.Tau - debt), Reset: l.micros(debt), Wait: l.micros(over - l.ticks(l.MaxDelay)), At: now}
 	}
 }
 
@@ -85,11 +85,12 @@ func (l *Limit) giveBack(debt, inc, now int64, taken Decision) int64 {
 	if elapsed >= l.micros(inc) {
 		return 0
 	}
-	return max(0, min(inc-elapsed*l.scale(), debt))
+	return max(0, min(inc-l.ticks(elapsed), debt))
 }
 
 func (l *Limit) bucketUndo(s *State, now, cost int64, taken Decision) {
-	l.bucket(s, now, 0, false)
+	var d Decision
+	l.bucket(s, now, 0, false, &d)
 	s.Level -= l.giveBack(s.Level, l.inc(cost), s.At, taken)
 }
 
@@ -97,13 +98,12 @@ func (l *Limit) bucketUndo(s *State, now, cost int64, taken Decision) {
 // TAT, at a tick's precision: At µs and Level ticks, 0 <= Level < Scale.
 // With one timestamp it cannot tell a clock that ran backwards from debt;
 // it then sees more debt, so it errs towards rejecting.
-func (l *Limit) gcra(s *State, now, cost int64, commit bool) Decision {
+func (l *Limit) gcra(s *State, now, cost int64, commit bool, d *Decision) {
 	debt := l.gcraDebt(s, now)
-	d := l.meter(&debt, now, cost, commit)
+	l.meter(&debt, now, cost, commit, d)
 	if commit && d.Allowed {
 		l.setTAT(s, now, debt)
 	}
-	return d
 }
 
 // gcraDebt is the debt in ticks at now: TAT - now, or 0.
@@ -114,12 +114,13 @@ func (l *Limit) gcraDebt(s *State, now int64) int64 {
 	if s.At-now > MaxSpan*4 {
 		return maxExact // a TAT far ahead (a clock that ran back): rejects
 	}
-	return (s.At-now)*l.scale() + s.Level
+	return l.ticks(s.At-now) + s.Level
 }
 
-// setTAT stores TAT = now + debt ticks.
+// setTAT stores TAT = now + debt ticks, debt >= 0.
 func (l *Limit) setTAT(s *State, now, debt int64) {
-	s.At, s.Level = now+debt/l.scale(), debt%l.scale()
+	q := l.floorMicros(debt)
+	s.At, s.Level = now+q, debt-l.ticks(q)
 }
 
 func (l *Limit) gcraUndo(s *State, now, cost int64, taken Decision) {

@@ -73,7 +73,9 @@ func (l *Limit) GrantIn(s *State, sp Span, now, amount int64) (Decision, error) 
 	default:
 		s.Head = g
 	}
-	return l.decide(s, now, Milli, false, &sp), nil
+	var d Decision
+	l.decide(s, now, Milli, false, &sp, &d)
+	return d, nil
 }
 
 // Granted is the quota, in milli-units, granted to s's window at now (see

@@ -301,14 +301,25 @@ type Decision struct {
 // from bringing it up to date with now (expired entries dropped, windows
 // rolled), which changes no decision. For a calendar window it is
 // shorthand for TakeIn(s, l.Calendar.Span(now), now, cost).
-func (l *Limit) Take(s *State, now, cost int64) Decision {
-	return l.decide(s, now, cost, true, nil)
+func (l *Limit) Take(s *State, now, cost int64) (d Decision) {
+	l.decide(s, now, cost, true, nil, &d)
+	return d
+}
+
+// TakeTo is Take, writing the Decision to *d. A caller that keeps the
+// Decision in memory (a store writing it where it returns it from) saves
+// a copy of it: a Decision returned by value and then stored is written
+// twice, and read back in wider loads than it was written with, which
+// stalls the processor.
+func (l *Limit) TakeTo(d *Decision, s *State, now, cost int64) {
+	l.decide(s, now, cost, true, nil, d)
 }
 
 // Peek reports what Take would decide for cost at now without charging it.
 // It may bring s up to date with now, as Take does.
-func (l *Limit) Peek(s *State, now, cost int64) Decision {
-	return l.decide(s, now, cost, false, nil)
+func (l *Limit) Peek(s *State, now, cost int64) (d Decision) {
+	l.decide(s, now, cost, false, nil, &d)
+	return d
 }
 
 // TakeIn is Take with the calendar window's bounds given: sp, computed on
@@ -319,7 +330,9 @@ func (l *Limit) TakeIn(s *State, sp Span, now, cost int64) (Decision, error) {
 	if !l.holds(s, sp, now) {
 		return Decision{}, ErrOutsideSpan
 	}
-	return l.decide(s, now, cost, true, &sp), nil
+	var d Decision
+	l.decide(s, now, cost, true, &sp, &d)
+	return d, nil
 }
 
 // PeekIn is Peek with the calendar window's bounds given, as TakeIn.
@@ -327,45 +340,53 @@ func (l *Limit) PeekIn(s *State, sp Span, now, cost int64) (Decision, error) {
 	if !l.holds(s, sp, now) {
 		return Decision{}, ErrOutsideSpan
 	}
-	return l.decide(s, now, cost, false, &sp), nil
+	var d Decision
+	l.decide(s, now, cost, false, &sp, &d)
+	return d, nil
 }
 
-// decide decides at now; sp is a calendar window's span, which holds has
-// checked, or nil: for a calendar window, then, the span that holds now
-// (Take's and Peek's shorthand, kept out of them so that they inline).
-func (l *Limit) decide(s *State, now, cost int64, commit bool, sp *Span) Decision {
+// decide decides at now into *d, which it sets whole; sp is a calendar
+// window's span, which holds has checked, or nil: for a calendar window,
+// then, the span that holds now (Take's and Peek's shorthand, kept out of
+// them so that they inline). The hot deciders write the Decision's fields
+// through d rather than return it, so that no layer copies it.
+func (l *Limit) decide(s *State, now, cost int64, commit bool, sp *Span, d *Decision) {
 	switch l.Kind {
 	case Concurrency:
-		return l.slots(s, now, commit)
+		*d = l.slots(s, now, commit)
+		return
 	case Ban:
-		return l.banned(s, now)
+		*d = l.banned(s, now)
+		return
 	}
 	cost = max(cost, 0) // a negative cost would credit the key
 	if cost > l.Capacity() {
-		d := l.decide(s, now, 0, false, sp)
+		l.decide(s, now, 0, false, sp, d)
 		d.Allowed, d.Wait, d.Delay = false, Never, 0
-		return d
+		return
 	}
 	switch l.Kind {
 	case TokenBucket, LeakyBucket:
-		return l.bucket(s, now, cost, commit)
+		l.bucket(s, now, cost, commit, d)
 	case GCRA:
-		return l.gcra(s, now, cost, commit)
+		l.gcra(s, now, cost, commit, d)
 	case FixedWindow:
 		if l.Calendar.Unit != NoUnit {
 			if sp == nil {
 				held := l.Calendar.Span(now)
 				sp = &held
 			}
-			return l.fixedPeriod(s, now, cost, commit, sp)
+			l.fixedPeriod(s, now, cost, commit, sp, d)
+			return
 		}
-		return l.fixedWindow(s, now, cost, commit)
+		l.fixedWindow(s, now, cost, commit, d)
 	case SlidingWindow:
-		return l.slidingWindow(s, now, cost, commit)
+		l.slidingWindow(s, now, cost, commit, d)
 	case SlidingLog:
-		return l.slidingLog(s, now, cost, commit)
+		*d = l.slidingLog(s, now, cost, commit)
+	default:
+		*d = Decision{Wait: Never}
 	}
-	return Decision{Wait: Never}
 }
 
 // Undo gives back cost milli-units that the admitted Take whose Decision
@@ -416,12 +437,29 @@ func (l *Limit) scale() int64 {
 	return max(l.Scale, 1)
 }
 
+// ticks converts µs to ticks.
+func (l *Limit) ticks(micros int64) int64 {
+	return micros * l.scale()
+}
+
+// floorMicros converts ticks to µs, rounding towards zero as Go's division
+// does. Scale is a power of two (see NewLimit): a non-negative count of
+// ticks is shifted, which costs a decision a cycle where a division costs
+// tens.
+func (l *Limit) floorMicros(ticks int64) int64 {
+	sc := l.scale()
+	if ticks >= 0 && sc&(sc-1) == 0 {
+		return ticks >> bits.TrailingZeros64(uint64(sc))
+	}
+	return ticks / sc
+}
+
 // micros converts ticks to µs, rounding up.
 func (l *Limit) micros(ticks int64) int64 {
 	if ticks <= 0 {
 		return 0
 	}
-	return ceilDiv(ticks, l.scale())
+	return l.floorMicros(ticks + l.scale() - 1)
 }
 
 // wholeUnits converts bucket room in ticks to whole events.

@@ -72,7 +72,8 @@ func (l *Limit) Owe(s *State, now, cost int64) {
 	}
 	switch l.Kind {
 	case TokenBucket, LeakyBucket:
-		l.bucket(s, now, 0, false)
+		var d Decision
+		l.bucket(s, now, 0, false, &d)
 		s.Level = owe(s.Level, x)
 	case GCRA:
 		if s.At-now > MaxSpan*4 {

@@ -55,9 +55,9 @@ func (l *Limit) granted(s *State) int64 {
 }
 
 // fixedWindow: At = window start, Level = count in the window.
-func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool) Decision {
+func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool, d *Decision) {
 	now = l.roll(s, now)
-	return l.fixed(s, now, cost, commit, s.At+l.Window-now)
+	l.fixed(s, now, cost, commit, s.At+l.Window-now, d)
 }
 
 // holds reports whether a decision on s at now can be made with sp: for
@@ -88,26 +88,26 @@ func (l *Limit) rollPeriod(s *State, now int64, sp *Span) int64 {
 
 // fixedPeriod is fixedWindow on a calendar: At = window start, Prev =
 // window end, Level = count in the window.
-func (l *Limit) fixedPeriod(s *State, now, cost int64, commit bool, sp *Span) Decision {
+func (l *Limit) fixedPeriod(s *State, now, cost int64, commit bool, sp *Span, d *Decision) {
 	now = l.rollPeriod(s, now, sp)
-	return l.fixed(s, now, cost, commit, s.Prev-now)
+	l.fixed(s, now, cost, commit, s.Prev-now, d)
 }
 
-// fixed decides a fixed window whose state is up to date with now and
-// whose window ends toNext µs after now.
-func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64) Decision {
+// fixed decides, into *d, a fixed window whose state is up to date with
+// now and whose window ends toNext µs after now.
+func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64, d *Decision) {
 	limit := l.Events*Milli + s.Head
 	if s.Level+cost > limit {
-		return Decision{Remaining: (limit - s.Level) / Milli, Reset: toNext, Wait: toNext, At: now}
+		*d = Decision{Remaining: (limit - s.Level) / Milli, Reset: toNext, Wait: toNext, At: now}
+		return
 	}
 	if commit {
 		s.Level += cost
 	}
-	d := Decision{Allowed: true, Remaining: (limit - s.Level) / Milli, At: now}
+	*d = Decision{Allowed: true, Remaining: (limit - s.Level) / Milli, At: now}
 	if s.Level > 0 || s.Head > 0 {
 		d.Reset = toNext
 	}
-	return d
 }
 
 // slidingWindow: At = window start, Level = this window's count, Prev = the
@@ -116,7 +116,7 @@ func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64) Deci
 // request of cost c is admitted exactly when that weight plus Level plus c
 // is at most N: the products are compared exactly, in 128 bits (the Lua
 // twin compares them in 26-bit limbs), so that no rounding admits more.
-func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
+func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool, d *Decision) {
 	now = l.roll(s, now)
 	g := max(0, -s.Head) // the grant (see State)
 	limit := l.Events*Milli + g
@@ -124,17 +124,18 @@ func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 	toNext := l.Window - e
 	weighted := l.weight(s.Prev, toNext)
 	if weighted+s.Level+cost > limit {
-		return Decision{
+		*d = Decision{
 			Remaining: max(0, limit-weighted-s.Level) / Milli,
 			Reset:     l.slidingReset(s, toNext, g),
 			Wait:      l.slidingWait(s, e, cost, g),
 			At:        now,
 		}
+		return
 	}
 	if commit {
 		s.Level += cost
 	}
-	return Decision{
+	*d = Decision{
 		Allowed:   true,
 		Remaining: (limit - weighted - s.Level) / Milli,
 		Reset:     l.slidingReset(s, toNext, g),
@@ -162,9 +163,19 @@ func (l *Limit) weight(prev, toNext int64) int64 {
 	if prev <= 0 || toNext <= 0 {
 		return 0
 	}
+	// The product in 128 bits, divided exactly: one multiplication and
+	// one division, where a decision is within a window (toNext <= W,
+	// so that the quotient, at most prev, fits).
+	if hi, lo := bits.Mul64(uint64(prev), uint64(toNext)); hi < uint64(l.Window) {
+		q, r := bits.Div64(hi, lo, uint64(l.Window))
+		if r != 0 {
+			q++
+		}
+		return int64(q)
+	}
 	// A float estimate, corrected by exact comparisons (the Lua twin
-	// corrects its own estimate the same way, so both end on the one
-	// exact answer).
+	// corrects its own estimate the same way, so every path ends on the
+	// one exact answer).
 	q := int64(math.Ceil(float64(prev) * float64(toNext) / float64(l.Window)))
 	for q > 0 && mulCmp(q-1, l.Window, prev, toNext) >= 0 {
 		q--

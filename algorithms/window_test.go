@@ -1,6 +1,8 @@
 package algorithms
 
 import (
+	"math/big"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -114,6 +116,37 @@ func TestSlidingLogWithoutRing(t *testing.T) {
 	for i, want := range []bool{true, true, false} {
 		if d := l.Take(&s, t0, Milli); d.Allowed != want {
 			t.Errorf("step %d: Take(t0, 1) = %t, want %t", i, d.Allowed, want)
+		}
+	}
+}
+
+// TestWeightExact: a sliding_window's weight is ceil(prev * toNext / W)
+// exactly, computed in big integers here, for counts and windows from 1
+// to their bounds and toNext within the window and beyond it (a
+// seeded state's), on both of weight's paths.
+func TestWeightExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 7))
+	edge := func(hi int64) int64 {
+		switch rng.IntN(4) {
+		case 0:
+			return 1 + rng.Int64N(min(hi, 1000))
+		case 1:
+			return hi - rng.Int64N(min(hi, 1000))
+		}
+		return 1 + rng.Int64N(hi)
+	}
+	for i := 0; i < 200_000; i++ {
+		w := edge(MaxSpan)
+		l := Limit{Kind: SlidingWindow, Events: 1, Window: w}
+		prev, toNext := edge(MaxEvents*Milli), edge(w)
+		if i%10 == 0 {
+			toNext = edge(4 * w) // beyond the window: the float path
+		}
+		want := new(big.Int).Mul(big.NewInt(prev), big.NewInt(toNext))
+		want.Add(want, big.NewInt(w-1))
+		want.Quo(want, big.NewInt(w))
+		if got := l.weight(prev, toNext); !want.IsInt64() || got != want.Int64() {
+			t.Fatalf("weight(%d, %d) in a window of %d = %d, want %s", prev, toNext, w, got, want)
 		}
 	}
 }

@@ -250,10 +250,9 @@ func (s *Store) setCopy(key string, d algorithms.Decision, cost int64, charged, 
 }
 
 // Take decides one request for key at now. It never fails.
-func (s *Store) Take(_ context.Context, key string, now, cost int64) (algorithms.Decision, error) {
+func (s *Store) Take(_ context.Context, key string, now, cost int64) (d algorithms.Decision, err error) {
 	h, tag, sh := s.locate(key)
 	sh.mu.Lock()
-	var d algorithms.Decision
 	elsewhere := s.takeLocked(sh, hashed{h: h, tag: tag}, now, cost, &d)
 	sh.mu.Unlock()
 	if elsewhere {
@@ -273,9 +272,11 @@ type hashed struct {
 // Take does, into *d, sh.mu held; elsewhere is insert's. A key whose slot
 // k knows was found and touched since sh was locked. It is the hot path
 // of every decision: it loads and stores a bucket's or a packed window's
-// words itself, as shard.load and shard.store do, which saves about 12 ns
-// of a hot key's 80 (the helpers, inlined, still take the slot apart
-// twice), and writes the decision where the caller returns it from.
+// words itself, as shard.load and shard.store do (the helpers, inlined,
+// still take the slot apart twice), and has the algorithm write the
+// decision where Take returns it from (Limit.TakeTo into Take's named
+// result): a Decision returned by value and stored again is read back in
+// wider loads than it was written with, a stall of several ns a copy.
 func (s *Store) takeLocked(sh *shard, k hashed, now, cost int64, d *algorithms.Decision) (elsewhere bool) {
 	now = s.at(now)
 	i := k.slot - 1
@@ -290,7 +291,7 @@ func (s *Store) takeLocked(sh *shard, k hashed, now, cost int64, d *algorithms.D
 	switch {
 	case sh.packed:
 		st := unpack(w)
-		*d = s.limit.Take(&st, now, cost)
+		s.limit.TakeTo(d, &st, now, cost)
 		if fits(&st) {
 			pack(w, &st)
 		} else {
@@ -298,13 +299,26 @@ func (s *Store) takeLocked(sh *shard, k hashed, now, cost int64, d *algorithms.D
 		}
 	case len(w) == bucketStride:
 		st := algorithms.State{At: int64(w[2]), Level: int64(w[3])}
-		*d = s.limit.Take(&st, now, cost)
+		s.limit.TakeTo(d, &st, now, cost)
 		w[2], w[3] = uint64(st.At), uint64(st.Level)
 	default:
 		st := sh.load(i, w)
-		*d = s.limit.Take(&st, now, cost)
+		s.limit.TakeTo(d, &st, now, cost)
 		sh.store(i, w, &st)
 	}
+	return elsewhere
+}
+
+// keep stores st, the state a take decided on a copy of, as the state of
+// the key k in sh, adding the key if k knows no slot of it (see hashed);
+// elsewhere is insert's. sh.mu must be held, since before the copy was
+// read.
+func (s *Store) keep(sh *shard, k hashed, st *algorithms.State) (elsewhere bool) {
+	i := k.slot - 1
+	if i < 0 {
+		i, elsewhere = s.insert(sh, k.h, k.tag)
+	}
+	sh.setState(i, st)
 	return elsewhere
 }
 

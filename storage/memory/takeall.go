@@ -65,6 +65,20 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 	}
 	locked := lockAll(append(lockbuf[:0], shards...))
 
+	// Each zone is decided once, as a take on a copy of its state: a take
+	// that rejects decides what a check does, and one that admits is
+	// what the zone's take will be if every zone admits (decided on the
+	// same state at the same now, a take admits exactly when its check
+	// does). Only when another zone rejects is an admitting zone's check
+	// decided, on its state as held. A sliding_log is checked and then
+	// taken: its copy shares the ring, which a take writes into, over
+	// entries the copy has dropped as expired and the state still holds.
+	var stbuf [maxInline]algorithms.State
+	sts := stbuf[:0]
+	if len(reqs) > maxInline {
+		sts = make([]algorithms.State, 0, len(reqs))
+	}
+	sts = sts[:len(reqs)]
 	rejected := -1
 	for i := range reqs {
 		r := &reqs[i]
@@ -77,17 +91,21 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 			ds[i] = algorithms.Decision{Allowed: true} // banned: not decided
 			continue
 		}
-		var st algorithms.State
+		st := &sts[i]
 		if j := shards[i].find(hashes[i].h, hashes[i].tag); j >= 0 {
 			shards[i].touch(j) // a rejection is a use too: see the package comment
-			st = shards[i].state(j)
+			*st = shards[i].state(j)
 			// Its slot holds until the locks go: the take need not
 			// look again.
 			hashes[i].slot = j + 1
 		} else {
-			st = algorithms.NewState(&r.Store.limit)
+			*st = algorithms.NewState(&r.Store.limit)
 		}
-		ds[i] = r.Store.limit.Peek(&st, r.Store.at(now), r.Cost)
+		if !onCopy(r.Store.limit.Kind) {
+			ds[i] = r.Store.limit.Peek(st, r.Store.at(now), r.Cost)
+		} else {
+			r.Store.limit.TakeTo(&ds[i], st, r.Store.at(now), r.Cost)
+		}
 		if !ds[i].Allowed && !r.DryRun && rejected < 0 {
 			rejected = i
 		}
@@ -99,16 +117,21 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 	}
 	elsewhere = elsewhere[:len(reqs)]
 	clear(elsewhere)
-	if rejected < 0 {
-		// Decided on the same state at the same now, a take admits
-		// exactly when its check did.
-		for i := range reqs {
-			r := &reqs[i]
-			b := banOf(reqs, i)
-			banned := b >= 0 && !ds[b].Allowed
-			if ds[i].Allowed && !banned && r.Store.limit.Kind != algorithms.Ban {
-				elsewhere[i] = r.Store.takeLocked(shards[i], hashes[i], now, r.Cost, &ds[i])
-			}
+	for i := range reqs {
+		r := &reqs[i]
+		b := banOf(reqs, i)
+		if !ds[i].Allowed || b >= 0 && !ds[b].Allowed || r.Store.limit.Kind == algorithms.Ban {
+			continue
+		}
+		switch {
+		case rejected >= 0 && onCopy(r.Store.limit.Kind):
+			// Not taken: what the zone would decide with nothing charged.
+			ds[i] = peekBanned(r, shards[i], hashes[i], now)
+		case rejected >= 0:
+		case onCopy(r.Store.limit.Kind):
+			elsewhere[i] = r.Store.keep(shards[i], hashes[i], &sts[i])
+		default:
+			elsewhere[i] = r.Store.takeLocked(shards[i], hashes[i], now, r.Cost, &ds[i])
 		}
 	}
 	if strike(now, reqs, shards, hashes, ds, elsewhere) {
@@ -125,10 +148,18 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 	return rejected
 }
 
+// onCopy reports whether TakeAll takes a zone of kind on a copy of its
+// state (see TakeAll): not a ban, which is struck, not taken, nor a
+// sliding_log.
+func onCopy(kind algorithms.Kind) bool {
+	return kind != algorithms.Ban && kind != algorithms.SlidingLog
+}
+
 // peekBanned is what r's Store would decide on r at now, nothing charged
-// and r's key not touched: the rate of a request its ban refuses. sh, r's
-// shard (hash h), must be locked. Kept apart from TakeAll's own check,
-// whose inline lookup is worth a tenth of a multi-zone decision.
+// and r's key not touched: the rate of a request its ban refuses, or of
+// one another zone rejects. sh, r's shard (hash h), must be locked. Kept
+// apart from TakeAll's own check, whose inline lookup is worth a tenth of
+// a multi-zone decision.
 func peekBanned(r *Request, sh *shard, k hashed, now int64) algorithms.Decision {
 	st := algorithms.NewState(&r.Store.limit)
 	if i := sh.find(k.h, k.tag); i >= 0 {
