@@ -22,7 +22,7 @@
 // and past it each new key evicts one, which is counted. The key evicted
 // is chosen by CLOCK within the new key's shard: every slot has a bit that
 // a decision on its key sets (admitted or rejected, it is a use) and that
-// a new key starts with; to evict, the shard's hand goes round its table,
+// a new key starts without (see shard.add); to evict, the shard's hand goes round its table,
 // clearing the bits it passes, and evicts the first key whose bit it
 // finds clear. A key used since the hand last passed it is never evicted:
 // a client over its limit that keeps asking cannot be forgotten, and

@@ -189,8 +189,8 @@ func TestUnusedKeyGoesFirst(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		take(t, s, strconv.Itoa(i), now)
 	}
-	// Every key starts used: the first new key's hand clears every bit
-	// on its way round, and evicts one key, gone.
+	// Every key starts unused: the first new key's hand evicts the
+	// first key it finds, gone.
 	take(t, s, "new0", now+sec)
 	gone := -1
 	for i := 0; i < 50; i++ {
@@ -210,6 +210,7 @@ func TestUnusedKeyGoesFirst(t *testing.T) {
 			take(t, s, strconv.Itoa(i), now+sec)
 		}
 	}
+	take(t, s, "new0", now+sec) // asked for again: used
 	take(t, s, "new1", now+2*sec)
 	if _, ok, _ := s.Peek(context.Background(), strconv.Itoa(unused), now); ok {
 		t.Fatalf("%d kept, want evicted: the one key not used since the hand passed", unused)

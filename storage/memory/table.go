@@ -229,7 +229,12 @@ func (sh *shard) store(i int, w []uint64, s *algorithms.State) {
 
 // add puts a fresh key, whose hash is h and tag is tag, in sh, growing
 // the table if it would be more than maxFill/16 full, and returns its slot. Its
-// CLOCK bit is set: a key gets one turn of the hand before it can go.
+// CLOCK bit is clear, as SIEVE inserts (Zhang et al., NSDI '24): a key asked
+// for once (a flood's one-time keys) is the hand's first choice, and one
+// asked for again before the hand reaches it is kept for a turn. With the
+// bit set, a flood's keys all looked used: the first eviction's hand went
+// round clearing every bit, then took the first key in table order, which
+// might be a client over its limit asked for just before the flood.
 // The key must not be in sh. sh.mu must be held.
 func (sh *shard) add(h, tag uint64) int {
 	if (sh.n+1)*16 > sh.size*maxFill {
@@ -241,7 +246,7 @@ func (sh *shard) add(h, tag uint64) int {
 		i = (i + 1) & mask
 	}
 	b := i * st
-	sh.words[b], sh.words[b+1] = h, tag&sh.tags|refBit
+	sh.words[b], sh.words[b+1] = h, tag&sh.tags
 	sh.n++
 	return i
 }
