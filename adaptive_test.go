@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	"github.com/caddy-tollgate/tollgate/internal/adminapi"
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
 )
 
 // adaptiveSite is a site whose /dl requests are held by up until
@@ -375,6 +376,112 @@ func TestAdaptiveMetrics(t *testing.T) {
 		requests("m_adaptive", "allowed"):                              1,
 		requests("m_adaptive", "rejected"):                             1,
 	})
+	up.release <- struct{}{}
+	<-done
+}
+
+// TestAdaptiveWhenRedisIsDown: a zone with a rate on Redis and
+// concurrency adaptive, Redis stopped. Each on_storage_error decides the
+// rate as it says; the adaptive limit, in memory, goes on holding and
+// shedding, and a request refused for the store (deny) holds no place.
+func TestAdaptiveWhenRedisIsDown(t *testing.T) {
+	for _, mode := range []string{"deny", "allow", "local"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := redistest.Start(t)
+			up := newUpstream(t)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone down {
+				key {http.request.header.X-Client}
+				rate 100/h
+				on_storage_error `+mode+`
+				concurrency adaptive {
+					min 1
+					max 1
+				}
+			}
+			storage redis {
+				addresses `+srv.Addr+`
+				timeout `+testTimeout+`
+			}
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+			key := "down-" + mode
+			resp, _ := get(t, tester, "/sleep", "X-Client: "+key)
+			check(t, "Redis up", resp, "", want{200, nil, ""})
+			srv.Stop()
+
+			if mode == "deny" {
+				resp, _ := get(t, tester, "/sleep", "X-Client: "+key)
+				check(t, "Redis down, deny", resp, "", want{503, nil, ""})
+				if n := adaptiveInFlight(t, "down"); n != 0 {
+					t.Errorf("after a request refused for the store: %d in flight, want none", n)
+				}
+				return
+			}
+			status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", key)
+			if status != 200 {
+				t.Fatalf("Redis down, %s: status %d, want 200", mode, status)
+			}
+			resp, _ = get(t, tester, "/sleep", "X-Client: "+key)
+			check(t, "Redis down, over the adaptive limit", resp, "", want{503, map[string]string{"Retry-After": "1"}, ""})
+			up.release <- struct{}{}
+			<-done
+			waitFor(t, "the place back", func() bool { return adaptiveInFlight(t, "down") == 0 })
+		})
+	}
+}
+
+// adaptiveInFlight reads a zone's requests in flight in its adaptive
+// limit from GET /rate_limit/zones, which asks no store (a key's state
+// asks the rate's, which a stopped Redis cannot answer).
+func adaptiveInFlight(t *testing.T, zone string) int64 {
+	t.Helper()
+	var zones []adminapi.ZoneInfo
+	adminDo(t, "GET", "/rate_limit/zones", &zones)
+	for _, z := range zones {
+		if z.Zone == zone && z.Adaptive != nil {
+			return z.Adaptive.InFlight
+		}
+	}
+	t.Fatalf("zones: no adaptive zone %q in %+v", zone, zones)
+	return -1
+}
+
+// TestAdaptiveAndAnUnlimitedTier: a request of an unlimited tier is not in
+// the zone at all, its adaptive limit included; another tier's is.
+func TestAdaptiveAndAnUnlimitedTier(t *testing.T) {
+	up := newUpstream(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone tiered {
+				key upstream
+				rate 100/h
+				tier {http.request.header.X-Plan} {
+					staff unlimited
+					gold 1000/h
+				}
+				concurrency adaptive {
+					min 1
+					max 1
+				}
+			}
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+	status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", "any")
+	if status != 200 {
+		t.Fatalf("first: status %d", status)
+	}
+	resp, _ := get(t, tester, "/sleep", "X-Plan: staff")
+	check(t, "staff, unlimited", resp, "", want{200, nil, ""})
+	resp, _ = get(t, tester, "/sleep", "X-Plan: gold")
+	check(t, "gold, over the adaptive limit", resp, "", want{503, nil, ""})
 	up.release <- struct{}{}
 	<-done
 }

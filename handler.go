@@ -85,6 +85,13 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 			readRequestJSON(r, repl, h.requestJSON)
 			readJSON = false
 		}
+		rate := z
+		if z.tiers != nil {
+			var ok bool
+			if rate, ok = z.tierFor(r, repl); !ok {
+				continue // an unlimited tier: the zone does not apply
+			}
+		}
 		key := z.resolveKey(r, repl)
 		if key == "" {
 			z.emptyKey.note(h.logger, z)
@@ -93,13 +100,6 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 			adaptive = append(adaptive, result{Z: a, Zone: &a.Zone, Key: key})
 			if a == z {
 				continue // no other part
-			}
-		}
-		rate := z
-		if z.tiers != nil {
-			var ok bool
-			if rate, ok = z.tierFor(r, repl); !ok {
-				continue // an unlimited tier
 			}
 		}
 		if len(z.parts) == 1 {
