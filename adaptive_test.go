@@ -485,3 +485,39 @@ func TestAdaptiveAndAnUnlimitedTier(t *testing.T) {
 	up.release <- struct{}{}
 	<-done
 }
+
+// TestAdaptiveRoundTripAfterAShapingDelay: a request a shaping zone holds
+// back before it goes on is timed from when it went, not from its
+// admission: the delay is not the upstream's queue.
+func TestAdaptiveRoundTripAfterAShapingDelay(t *testing.T) {
+	followRealTime(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone shaper {
+				key shaped
+				algorithm leaky_bucket
+				events 2
+				window 1s
+				max_delay 2s
+			}
+			zone learn {
+				key shaped
+				concurrency adaptive {
+					window 1us
+					min_samples 1
+				}
+			}
+		}
+		respond "ok"
+	}`, "caddyfile")
+	for i := 0; i < 4; i++ { // the last ones wait for the bucket
+		resp, _ := get(t, tester, "/")
+		check(t, "shaped", resp, "", want{200, nil, ""})
+	}
+	a := adaptiveKey(t, "learn", "shaped")
+	if a == nil || a.Windows == 0 || a.Recent > 0.1 {
+		t.Errorf("after delayed requests: %+v, want a round trip well under the 500 ms delays", a)
+	}
+}

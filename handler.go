@@ -259,6 +259,8 @@ func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyht
 			h.logUndoErrors(shared.Undo(context.WithoutCancel(r.Context()), results, h.now()))
 			return caddyhttp.Error(499, fmt.Errorf("rate_limit: client went away while its request was delayed: %w", r.Context().Err()))
 		}
+		// The upstream's round trip starts now, not at the admission.
+		shared.SentAdaptive(h.now(), adaptive)
 	}
 	if settles || len(adaptive) > 0 {
 		return h.serveTapped(w, r, next, results, settles, adaptive)

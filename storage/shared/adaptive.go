@@ -133,6 +133,18 @@ type AdaptiveHold struct {
 	start int64 // µs of the admission
 }
 
+// Sent restarts the round trip of the request h holds at now: it was held
+// back (a shaping delay) before it went to the upstream.
+func (h *AdaptiveHold) Sent(now int64) { h.start = now }
+
+// SentAdaptive restarts, at now, the round trips of the requests parts
+// hold (see AdaptiveHold.Sent).
+func SentAdaptive[Z any](now int64, parts []Part[Z]) {
+	for i := range parts {
+		parts[i].Hold.Sent(now)
+	}
+}
+
 // Held reports whether h holds a request in flight.
 func (h *AdaptiveHold) Held() bool { return h.k != nil }
 
