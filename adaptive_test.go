@@ -114,10 +114,7 @@ func TestAdaptiveStatusAndDryRun(t *testing.T) {
 			up := newUpstream(t)
 			tester := caddytest.NewTester(t)
 			tester.InitServer(adaptiveSite(up.URL, tc.settings, tc.also), "caddyfile")
-			status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", "a")
-			if status != 200 {
-				t.Fatalf("first: status %d, want 200", status)
-			}
+			done := hold(t, tester, "a")
 			resp, _ := get(t, tester, "/sleep", "X-Client: a")
 			check(t, "second", resp, "", want{tc.status, nil, ""})
 			up.release <- struct{}{}
@@ -209,10 +206,7 @@ func TestAdaptiveBesideARate(t *testing.T) {
 			store := storage(t)
 			tester.InitServer(adaptiveRateSite(up.URL, store, ""), "caddyfile")
 			key := "both-" + name
-			status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", key)
-			if status != 200 {
-				t.Fatalf("first: status %d", status)
-			}
+			done := hold(t, tester, key)
 			resp, _ := get(t, tester, "/sleep", "X-Client: "+key)
 			check(t, "shed", resp, "", want{503, map[string]string{"Retry-After": "1"}, ""})
 			var st adminapi.KeyState
@@ -274,10 +268,7 @@ func TestAdaptiveLearnsWhatTheUpstreamSaid(t *testing.T) {
 	}`, "caddyfile")
 
 	// A streamed answer: its status at once, its body a second later.
-	status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", "stream")
-	if status != 200 {
-		t.Fatalf("stream: status %d", status)
-	}
+	done := hold(t, tester, "stream")
 	advance(time.Second)
 	up.release <- struct{}{}
 	<-done
@@ -363,10 +354,7 @@ func TestAdaptiveMetrics(t *testing.T) {
 		}
 		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
 	}`, "caddyfile")
-	status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", "m")
-	if status != 200 {
-		t.Fatalf("first: status %d", status)
-	}
+	done := hold(t, tester, "m")
 	resp, _ := get(t, tester, "/sleep", "X-Client: m")
 	check(t, "shed", resp, "", want{503, nil, ""})
 	checkSeries(t, "one in flight, one shed", scrape(t), map[string]float64{
@@ -422,10 +410,7 @@ func TestAdaptiveWhenRedisIsDown(t *testing.T) {
 				}
 				return
 			}
-			status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", key)
-			if status != 200 {
-				t.Fatalf("Redis down, %s: status %d, want 200", mode, status)
-			}
+			done := hold(t, tester, key)
 			resp, _ = get(t, tester, "/sleep", "X-Client: "+key)
 			check(t, "Redis down, over the adaptive limit", resp, "", want{503, map[string]string{"Retry-After": "1"}, ""})
 			up.release <- struct{}{}
@@ -474,10 +459,7 @@ func TestAdaptiveAndAnUnlimitedTier(t *testing.T) {
 		}
 		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
 	}`, "caddyfile")
-	status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", "any")
-	if status != 200 {
-		t.Fatalf("first: status %d", status)
-	}
+	done := hold(t, tester, "any")
 	resp, _ := get(t, tester, "/sleep", "X-Plan: staff")
 	check(t, "staff, unlimited", resp, "", want{200, nil, ""})
 	resp, _ = get(t, tester, "/sleep", "X-Plan: gold")
@@ -520,4 +502,16 @@ func TestAdaptiveRoundTripAfterAShapingDelay(t *testing.T) {
 	if a == nil || a.Windows == 0 || a.Recent > 0.1 {
 		t.Errorf("after delayed requests: %+v, want a round trip well under the 500 ms delays", a)
 	}
+}
+
+// hold starts a request of key that the upstream (newUpstream) holds until
+// released, and fails the test unless it was admitted; done closes when
+// it has ended.
+func hold(t *testing.T, tester *caddytest.Tester, key string) <-chan struct{} {
+	t.Helper()
+	status, done := startRequest(t, context.Background(), tester.Client, base+"/dl", key)
+	if status != 200 {
+		t.Fatalf("a held request of %s: status %d, want 200", key, status)
+	}
+	return done
 }
