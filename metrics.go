@@ -27,6 +27,7 @@ var rateLimitMetrics = struct {
 	storeSeconds *prometheus.HistogramVec
 	stores       *storeCollector
 	adaptive     *adaptiveCollector
+	settlements  *settlementCollector
 }{
 	requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy",
@@ -48,6 +49,14 @@ var rateLimitMetrics = struct {
 			"Keys held by the zone's memory store.", []string{"zone"}, nil),
 		evictions: prometheus.NewDesc("caddy_http_rate_limit_evictions_total",
 			"Keys the zone's memory store evicted to stay within max_keys.", []string{"zone"}, nil),
+	},
+	settlements: &settlementCollector{
+		pending: prometheus.NewDesc("caddy_http_rate_limit_settlements_pending",
+			"Settlements (give-backs, owed excesses) that Redis could not hear yet, kept until it does.", nil, nil),
+		applied: prometheus.NewDesc("caddy_http_rate_limit_settlements_applied_total",
+			"Kept settlements that reached Redis once it answered.", nil, nil),
+		dropped: prometheus.NewDesc("caddy_http_rate_limit_settlements_dropped_total",
+			"Kept settlements dropped: their window ended before Redis heard them (they could no longer change a decision), too many were kept, or Redis may have applied them.", nil, nil),
 	},
 	adaptive: &adaptiveCollector{
 		limit: prometheus.NewDesc("caddy_http_rate_limit_adaptive_limit",
@@ -147,7 +156,7 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 // docs/prometheus-alerts.yml are tested against them).
 func rateLimitCollectors() []prometheus.Collector {
 	m := &rateLimitMetrics
-	return []prometheus.Collector{m.requests, m.storeSeconds, m.stores, m.adaptive}
+	return []prometheus.Collector{m.requests, m.storeSeconds, m.stores, m.adaptive, m.settlements}
 }
 
 // clockBase is what store latencies are timed from, on the monotonic
@@ -300,3 +309,27 @@ func liveAdaptive() []adaptiveSum {
 
 // Interface guard.
 var _ prometheus.Collector = (*adaptiveCollector)(nil)
+
+// settlementCollector reports the settlements this process keeps for
+// Redis (see shared.Owed): read from its counts when Prometheus scrapes.
+type settlementCollector struct {
+	pending, applied, dropped *prometheus.Desc
+}
+
+// Describe implements prometheus.Collector.
+func (c *settlementCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.pending
+	ch <- c.applied
+	ch <- c.dropped
+}
+
+// Collect implements prometheus.Collector.
+func (c *settlementCollector) Collect(ch chan<- prometheus.Metric) {
+	pending, applied, dropped := shared.Settlements()
+	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending))
+	ch <- prometheus.MustNewConstMetric(c.applied, prometheus.CounterValue, float64(applied))
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(dropped))
+}
+
+// Interface guard.
+var _ prometheus.Collector = (*settlementCollector)(nil)

@@ -117,10 +117,15 @@ func TestSettlementKeptThroughOutage(t *testing.T) {
 	up := newLoginUpstream(t, true)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(owedSite(up.addr(), srv.Addr, testTimeout, "algorithm fixed_window\n\t\t\t\ton_storage_error deny"), "caddyfile")
+	pending0, applied0, _ := shared.Settlements()
 	wait := holdLogins(t, tester, up, "outage", 2)
 	srv.Stop()
 	close(up.release) // and every login after
 	wait()
+	// The metrics' counts: both give-backs kept.
+	if pending, _, _ := shared.Settlements(); pending-pending0 != 2 {
+		t.Errorf("settlements pending: %d more, want the 2 give-backs", pending-pending0)
+	}
 	srv.Restart() // from its append-only file: both reservations held
 	// The store's view, through the admin API: both events free again
 	// once the kept give-backs reach it.
@@ -133,6 +138,10 @@ func TestSettlementKeptThroughOutage(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		// Both events free: a fresh state, which Redis need not hold.
 		return resp.StatusCode == 404 || strings.Contains(string(body), `"remaining":2,`)
+	})
+	waitFor(t, "the kept give-backs counted as applied", func() bool {
+		pending, applied, _ := shared.Settlements()
+		return pending == pending0 && applied-applied0 == 2
 	})
 	if got, want := statuses(t, tester, 2, []string{"/login"}, "X-Client: outage"), "200 200 "; got != want {
 		t.Fatalf("after Redis came back: %q, want %q", got, want)

@@ -67,6 +67,26 @@ type Owed struct {
 	dropped, applied atomic.Int64
 }
 
+// settlements counts the settlements of every Owed of the process, for
+// the metrics: those kept now (merged per key as Owed keeps them), those
+// applied once the store heard them, and those dropped. A process-wide
+// count goes on across reloads, whose retired clients keep and drain
+// their own.
+var settlements struct{ pending, applied, dropped atomic.Int64 }
+
+// Settlements returns, over every Owed of the process, the settlements
+// kept now, and how many were applied late and dropped since the process
+// started.
+func Settlements() (pending, applied, dropped int64) {
+	return settlements.pending.Load(), settlements.applied.Load(), settlements.dropped.Load()
+}
+
+// drop counts a settlement dropped.
+func (o *Owed) drop() {
+	o.dropped.Add(1)
+	settlements.dropped.Add(1)
+}
+
 // owedKey identifies what is merged: the settlements of one request
 // (its decision) on one key and zone, give-backs apart from excesses.
 type owedKey struct {
@@ -99,7 +119,7 @@ func (o *Owed) Keep(s storage.Settler, key string, taken algorithms.Decision, gi
 		return true
 	}
 	if o.Now() >= until {
-		o.dropped.Add(1)
+		o.drop()
 		return false
 	}
 	k := owedKey{s: s, key: key, at: taken.At, reset: taken.Reset, owe: give < 0}
@@ -111,12 +131,12 @@ func (o *Owed) Keep(s storage.Settler, key string, taken algorithms.Decision, gi
 	}
 	e, merged := o.m[k]
 	if !merged && len(o.m) >= bound {
-		o.dropped.Add(1)
+		o.drop()
 		return false
 	}
 	if !o.draining {
 		if !o.Hold() {
-			o.dropped.Add(1)
+			o.drop()
 			return false
 		}
 		o.draining = true
@@ -128,6 +148,9 @@ func (o *Owed) Keep(s storage.Settler, key string, taken algorithms.Decision, gi
 	e.amount += abs(give)
 	e.until = max(e.until, until)
 	o.m[k] = e
+	if !merged {
+		settlements.pending.Add(1)
+	}
 	return true
 }
 
@@ -167,7 +190,7 @@ func (o *Owed) drain() {
 			k, e := b.k, b.e
 			if now >= e.until {
 				o.done(k, e.amount)
-				o.dropped.Add(1)
+				o.drop()
 				continue
 			}
 			err := o.Do(func(ctx context.Context) error { return o.apply(ctx, k, e.amount, now) })
@@ -175,11 +198,12 @@ func (o *Owed) drain() {
 			case err == nil:
 				o.done(k, e.amount)
 				o.applied.Add(1)
+				settlements.applied.Add(1)
 			case !o.Unsent(err):
 				// It reached the store, whose answer was lost: it may
 				// have been applied, and must not be twice.
 				o.done(k, e.amount)
-				o.dropped.Add(1)
+				o.drop()
 			}
 		}
 		if n := o.dropped.Load() - dropped; n > 0 && o.Logger != nil {
@@ -210,9 +234,13 @@ func (o *Owed) apply(ctx context.Context, k owedKey, amount, now int64) error {
 func (o *Owed) done(k owedKey, amount int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	e := o.m[k]
+	e, ok := o.m[k]
+	if !ok {
+		return
+	}
 	if e.amount -= amount; e.amount <= 0 {
 		delete(o.m, k)
+		settlements.pending.Add(-1)
 		return
 	}
 	o.m[k] = e

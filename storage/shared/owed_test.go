@@ -153,3 +153,26 @@ func TestOwedDrops(t *testing.T) {
 		t.Errorf("applied %q, dropped %d; want none, 6", got, o.Dropped())
 	}
 }
+
+// TestSettlementsCountedForTheProcess: the process-wide counts behind the
+// metrics follow what each Owed keeps, applies and drops.
+func TestSettlementsCountedForTheProcess(t *testing.T) {
+	var now, held atomic.Int64
+	now.Store(1000)
+	o := newOwed(&now, &held)
+	r := &recorder{}
+	r.fail(errUnsent)
+	p0, a0, d0 := Settlements()
+	o.Keep(r, "a", algorithms.Decision{At: 1}, 5, 10_000)
+	o.Keep(r, "a", algorithms.Decision{At: 1}, 5, 10_000) // merged: one kept
+	o.Keep(r, "b", algorithms.Decision{At: 1}, 5, 10_000)
+	o.Keep(r, "c", algorithms.Decision{At: 1}, 5, 500) // its window ended: dropped
+	if p, a, d := Settlements(); p-p0 != 2 || a-a0 != 0 || d-d0 != 1 {
+		t.Errorf("kept: pending %d, applied %d, dropped %d more; want 2, 0, 1", p-p0, a-a0, d-d0)
+	}
+	r.fail(nil)
+	waitDrained(t, o, &held)
+	if p, a, d := Settlements(); p-p0 != 0 || a-a0 != 2 || d-d0 != 1 {
+		t.Errorf("drained: pending %d, applied %d, dropped %d more; want 0, 2, 1", p-p0, a-a0, d-d0)
+	}
+}
