@@ -145,9 +145,6 @@ func SentAdaptive[Z any](now int64, parts []Part[Z]) {
 	}
 }
 
-// Held reports whether h holds a request in flight.
-func (h *AdaptiveHold) Held() bool { return h.k != nil }
-
 // End ends the request h holds at now: answered at answered (µs; the round
 // trip is answered - admission), with outcome o (algorithms.Cancelled for
 // a request that teaches nothing). A second End does nothing.
