@@ -14,9 +14,10 @@ import (
 // for each family, and that every Decision says exactly what the state then
 // does.
 
-// traces is how many random traces each property runs.
+// traces is how many random traces each property runs: fewer with -short
+// or under the race detector (see raceOn).
 func traces() int {
-	if testing.Short() {
+	if testing.Short() || raceOn {
 		return 30
 	}
 	return 300
