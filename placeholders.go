@@ -27,6 +27,9 @@ type placeholders struct {
 	remaining  int64
 	rejected   *zone // the zone that rejected the request; nil: none did
 	retryAfter int64 // seconds; -1: none
+	// requestJSON is the request's JSON body, once a zone that reads it
+	// applied; nil before (see readRequestJSON).
+	requestJSON []byte
 }
 
 const placeholderPrefix = "http.rate_limit."
@@ -64,11 +67,21 @@ func (p *placeholders) setQuota(res *result) {
 // {http.rate_limit.remaining} once a zone reported them, and
 // {http.rate_limit.zone}, {http.rate_limit.exceeded.name} and
 // {http.rate_limit.retry_after} (empty when no wait can be given) once a
-// zone rejected the request.
+// zone rejected the request; {http.rate_limit.request.json.<path>} once
+// a zone read the request's JSON body.
 func (p *placeholders) get(key string) (any, bool) {
 	name, ok := strings.CutPrefix(key, placeholderPrefix)
 	if !ok {
 		return nil, false
+	}
+	if path, ok := strings.CutPrefix(key, zoneconf.RequestJSONPrefix); ok {
+		if p.requestJSON == nil {
+			return nil, false
+		}
+		if v, ok := bodyscan.RequestValue(p.requestJSON, path); ok {
+			return v, true
+		}
+		return nil, false // missing: a {placeholder:default} takes its default
 	}
 	switch name {
 	case "limit":
@@ -97,20 +110,19 @@ func (p *placeholders) get(key string) (any, bool) {
 // String keeps the request variable empty should anything print it.
 func (p *placeholders) String() string { return "" }
 
-// readRequestJSON reads the numbers at paths in the request's JSON body
-// into their placeholders (see bodyscan.ReadRequest); a body that is
-// longer than the bound, not one whole JSON document, or lacks a path
-// sets nothing (the cost is then default_cost).
+// readRequestJSON reads the request's JSON body (see
+// bodyscan.ReadRequest) for its {http.rate_limit.request.json.*}
+// placeholders, which then answer every path from it (see
+// bodyscan.RequestValue), for the zones and for any handler or log after
+// (a `map` from the model to its price). A body that is longer than the
+// bound or not one whole JSON document answers no path: a cost is then
+// default_cost, a key or tier holds the placeholder empty.
 //
 //go:noinline
-func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
+func readRequestJSON(r *http.Request, repl *caddy.Replacer) {
 	doc, ok := bodyscan.ReadRequest(r)
 	if !ok {
 		return
 	}
-	for _, p := range paths {
-		if n, ok := bodyscan.NumberAt(doc, strings.Split(p, ".")); ok {
-			repl.Set(zoneconf.RequestJSONPrefix+p, string(n))
-		}
-	}
+	placeholdersOf(r, repl).requestJSON = doc
 }

@@ -284,9 +284,9 @@ type zone struct {
 
 	// response, on a base: its count_response and cost_response, or nil.
 	response *responseRule
-	// requestJSON, on a base: the paths its cost reads from the request's
-	// JSON body, or nil.
-	requestJSON []string
+	// requestJSON, on a base: its key, cost, tier_key or cost_response
+	// reads the request's JSON body.
+	requestJSON bool
 }
 
 // validate checks every value of the zone, naming the field and the
@@ -425,7 +425,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if r := s.Response; r != nil {
 		z.response = &responseRule{match: zc.CountResponse, cost: r.Cost, json: r.JSON, headers: r.Headers}
 	}
-	z.requestJSON = s.RequestJSON
+	z.requestJSON = s.RequestJSON != nil
 	if err := h.checkSettlers(z); err != nil {
 		return nil, err
 	}

@@ -78,7 +78,10 @@ type Settings struct {
 	DefaultCost    int64  // milli
 	OnError        OnError
 	Response       *Response // count_response, cost_response; nil without them
-	RequestJSON    []string  // the paths of cost's {http.rate_limit.request.json.*}
+	// RequestJSON are the paths of the {http.rate_limit.request.json.*}
+	// placeholders in key, cost, tier_key and cost_response: a request the
+	// zone applies to has its JSON body read.
+	RequestJSON []string
 }
 
 // OnError is what a zone does when its store cannot answer in time
@@ -185,6 +188,9 @@ func Parse(zc Zone) (Settings, error) {
 	if err := zc.response(&s); err != nil {
 		return s, err
 	}
+	if err := zc.requestJSON(&s); err != nil {
+		return s, err
+	}
 
 	switch zc.OnStorageError {
 	case "allow":
@@ -221,6 +227,21 @@ func (zc *Zone) keys(s *Settings) error {
 	return nil
 }
 
+// requestJSON checks the request-body placeholders of every field that
+// may name one, and notes their paths in s.
+func (zc *Zone) requestJSON(s *Settings) error {
+	for _, f := range [...]struct{ name, value string }{
+		{"key", zc.Key}, {"cost", zc.Cost}, {"tier_key", zc.TierKey}, {"cost_response", zc.CostResponse},
+	} {
+		paths, err := JSONPaths(f.value, RequestJSONPrefix)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
+		s.RequestJSON = append(s.RequestJSON, paths...)
+	}
+	return nil
+}
+
 // costs checks and parses the zone's cost and default_cost into s, and
 // checks that they fit the zone's rate.
 func (zc *Zone) costs(s *Settings) error {
@@ -237,10 +258,6 @@ func (zc *Zone) costs(s *Settings) error {
 		s.Cost = algorithms.Milli
 	case strings.Contains(c, "{"):
 		s.CostTemplate = c
-		var err error
-		if s.RequestJSON, err = JSONPaths(c, RequestJSONPrefix); err != nil {
-			return fmt.Errorf("cost: %w", err)
-		}
 	default:
 		m, ok := algorithms.ParseCost(c)
 		if !ok {
