@@ -81,7 +81,7 @@ func (p *placeholders) get(key string) (any, bool) {
 		if v, ok := bodyscan.RequestValue(p.requestJSON, path); ok {
 			return v, true
 		}
-		return nil, false // missing: a {placeholder:default} takes its default
+		return "", true // read, and missing: empty
 	}
 	switch name {
 	case "limit":
