@@ -128,3 +128,178 @@ func TestBudgetPerModel(t *testing.T) {
 		})
 	}
 }
+
+// The answers of each LLM API, streamed and not, as their documentation
+// shows them: 1000 input tokens of which 400 from the cache (Anthropic:
+// 1000 besides the 400 read from the cache), 200 output tokens (Gemini:
+// 200 besides 50 of thinking; OpenAI: 200 of which 50 reasoning).
+var providerAnswers = map[string]string{
+	"none": `{}`,
+	"openai-chat": `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],` +
+		`"usage":{"prompt_tokens":1000,"completion_tokens":200,"total_tokens":1200,"prompt_tokens_details":{"cached_tokens":400},"completion_tokens_details":{"reasoning_tokens":50}}}`,
+	"openai-chat-stream": "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"hi\"}}],\"usage\":null}\n\n" +
+		"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n" +
+		"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":1000,\"completion_tokens\":200,\"total_tokens\":1200,\"prompt_tokens_details\":{\"cached_tokens\":400},\"completion_tokens_details\":{\"reasoning_tokens\":50}}}\n\n" +
+		"data: [DONE]\n\n",
+	"openai-responses": `{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],` +
+		`"usage":{"input_tokens":1000,"input_tokens_details":{"cached_tokens":400},"output_tokens":200,"output_tokens_details":{"reasoning_tokens":50},"total_tokens":1200}}`,
+	"openai-responses-stream": "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"status\":\"completed\"," +
+		"\"usage\":{\"input_tokens\":1000,\"input_tokens_details\":{\"cached_tokens\":400},\"output_tokens\":200,\"output_tokens_details\":{\"reasoning_tokens\":50},\"total_tokens\":1200}}}\n\n",
+	"anthropic": `{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn",` +
+		`"usage":{"input_tokens":1000,"cache_creation_input_tokens":0,"cache_read_input_tokens":400,"output_tokens":200}}`,
+	"anthropic-stream": "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[]," +
+		"\"usage\":{\"input_tokens\":1000,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":400,\"output_tokens\":1}}}\n\n" +
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+		"event: ping\ndata: {\"type\":\"ping\"}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n" +
+		"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":200}}\n\n" +
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+	"gemini": `{"candidates":[{"content":{"parts":[{"text":"hi"}],"role":"model"},"finishReason":"STOP"}],` +
+		`"usageMetadata":{"promptTokenCount":1000,"cachedContentTokenCount":400,"candidatesTokenCount":200,"thoughtsTokenCount":50,"totalTokenCount":1250}}`,
+	// Gemini's streamGenerateContent?alt=sse: every chunk has the counts
+	// so far; the last has them all.
+	"gemini-stream": "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"h\"}],\"role\":\"model\"}}],\"usageMetadata\":{\"promptTokenCount\":1000,\"cachedContentTokenCount\":400,\"candidatesTokenCount\":1,\"thoughtsTokenCount\":50,\"totalTokenCount\":1051}}\r\n\r\n" +
+		"data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"i\"}],\"role\":\"model\"},\"finishReason\":\"STOP\"}],\"usageMetadata\":{\"promptTokenCount\":1000,\"cachedContentTokenCount\":400,\"candidatesTokenCount\":200,\"thoughtsTokenCount\":50,\"totalTokenCount\":1250}}\r\n\r\n",
+}
+
+// The cost_response of each API in docs/recipes.md, in tokens: input at
+// 1, cached input at 0.1, output (with reasoning or thinking) at 4.
+const (
+	recipeOpenAIChat = `({http.rate_limit.response.json.usage.prompt_tokens} - {http.rate_limit.response.json.usage.prompt_tokens_details.cached_tokens:0}) + {http.rate_limit.response.json.usage.prompt_tokens_details.cached_tokens:0} * 0.1 + {http.rate_limit.response.json.usage.completion_tokens} * 4`
+	// Responses: usage, or response.usage in the stream's response.completed.
+	recipeOpenAIResponses = `(max({http.rate_limit.response.json.usage.input_tokens}, {http.rate_limit.response.json.response.usage.input_tokens}) - max({http.rate_limit.response.json.usage.input_tokens_details.cached_tokens}, {http.rate_limit.response.json.response.usage.input_tokens_details.cached_tokens}, 0)) + max({http.rate_limit.response.json.usage.input_tokens_details.cached_tokens}, {http.rate_limit.response.json.response.usage.input_tokens_details.cached_tokens}, 0) * 0.1 + max({http.rate_limit.response.json.usage.output_tokens}, {http.rate_limit.response.json.response.usage.output_tokens}) * 4`
+	// Anthropic: usage, or the stream's message_start (message.usage) and
+	// message_delta (usage.output_tokens).
+	recipeAnthropic = `max({http.rate_limit.response.json.usage.input_tokens}, {http.rate_limit.response.json.message.usage.input_tokens}) + max({http.rate_limit.response.json.usage.cache_read_input_tokens}, {http.rate_limit.response.json.message.usage.cache_read_input_tokens}, 0) * 0.1 + max({http.rate_limit.response.json.usage.cache_creation_input_tokens}, {http.rate_limit.response.json.message.usage.cache_creation_input_tokens}, 0) * 1.25 + {http.rate_limit.response.json.usage.output_tokens} * 4`
+	recipeGemini    = `({http.rate_limit.response.json.usageMetadata.promptTokenCount} - {http.rate_limit.response.json.usageMetadata.cachedContentTokenCount:0}) + {http.rate_limit.response.json.usageMetadata.cachedContentTokenCount:0} * 0.1 + ({http.rate_limit.response.json.usageMetadata.candidatesTokenCount} + {http.rate_limit.response.json.usageMetadata.thoughtsTokenCount:0}) * 4`
+)
+
+// TestProviderUsage: each API's answer, streamed and not, settles to its
+// recipe's cost, on memory and on Redis: fields from different events of
+// a stream (Anthropic's message_start and message_delta) add up.
+func TestProviderUsage(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := providerUpstream(t, providerAnswers)
+			zone := func(name, path, recipe string) string {
+				return `
+			zone ` + name + ` {
+				match path ` + path + `
+				key {http.request.header.Authorization}
+				rate 100000/h
+				cost 5000
+				cost_response "` + recipe + `"
+			}`
+			}
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {`+
+				zone("chat", "/v1/chat/completions", recipeOpenAIChat)+
+				zone("responses", "/v1/responses", recipeOpenAIResponses)+
+				zone("anthropic", "/v1/messages", recipeAnthropic)+
+				zone("gemini", "/v1beta/*", recipeGemini)+`
+			`+storage(t)+`
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+` {
+			flush_interval -1
+		}
+	}`, "caddyfile")
+			for _, c := range []struct {
+				answer, path string
+				want         int64 // the settled cost
+			}{
+				{"openai-chat", "/v1/chat/completions", 600 + 40 + 800},
+				{"openai-chat-stream", "/v1/chat/completions", 600 + 40 + 800},
+				{"openai-responses", "/v1/responses", 600 + 40 + 800},
+				{"openai-responses-stream", "/v1/responses", 600 + 40 + 800},
+				{"anthropic", "/v1/messages", 1000 + 40 + 800},
+				{"anthropic-stream", "/v1/messages", 1000 + 40 + 800},
+				{"gemini", "/v1beta/models/gemini-2.5-flash:generateContent", 600 + 40 + 1000},
+				{"gemini-stream", "/v1beta/models/gemini-2.5-flash:streamGenerateContent", 600 + 40 + 1000},
+			} {
+				k := name + "-" + c.answer
+				resp := llmPost(t, tester, c.answer, c.path, k, c.answer, `{"model":"m"}`)
+				if resp.StatusCode != 200 {
+					t.Fatalf("%s: status %d, want 200", c.answer, resp.StatusCode)
+				}
+				resp = llmPost(t, tester, c.answer+", then", c.path, k, "none", `{"model":"m"}`)
+				if r, want := remaining(t, resp), 100000-c.want-5000; r != want {
+					t.Errorf("%s: then r = %d, want %d (settled to %d, then 5000 reserved); RateLimit: %s", c.answer, r, want, c.want, resp.Header.Get("RateLimit"))
+				}
+			}
+		})
+	}
+}
+
+// TestMoneyBudget: a monthly budget in micro-dollars per API key, on the
+// calendar of the customer's time zone, each request charged its model's
+// prices (a `map` from the request's model) times its tokens: reserved
+// at max_tokens times the output price, settled to Anthropic's usage,
+// streamed (input tokens in message_start, output in message_delta) and
+// not, on memory and on Redis.
+func TestMoneyBudget(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := providerUpstream(t, providerAnswers)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		# Dollars per million tokens: micro-dollars per token.
+		map {http.rate_limit.request.json.model} {price_in} {price_out} {
+			claude-opus-4  15 75
+			claude-haiku-4 1  5
+			default        15 75
+		}
+		rate_limit {
+			zone dollars {
+				match path /v1/messages
+				key {http.request.header.Authorization}
+				algorithm fixed_window
+				rate 100000/mo
+				align calendar
+				timezone America/New_York
+				cost "{http.rate_limit.request.json.max_tokens} * {price_out}"
+				default_cost 50000
+				cost_response "max({http.rate_limit.response.json.usage.input_tokens}, {http.rate_limit.response.json.message.usage.input_tokens}) * {price_in} + max({http.rate_limit.response.json.usage.cache_read_input_tokens}, {http.rate_limit.response.json.message.usage.cache_read_input_tokens}, 0) * {price_in} * 0.1 + max({http.rate_limit.response.json.usage.cache_creation_input_tokens}, {http.rate_limit.response.json.message.usage.cache_creation_input_tokens}, 0) * {price_in} * 1.25 + {http.rate_limit.response.json.usage.output_tokens} * {price_out}"
+			}
+			`+storage(t)+`
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+` {
+			flush_interval -1
+		}
+	}`, "caddyfile")
+			k := "money-" + name
+			for i, c := range []struct {
+				model, answer string
+				maxTokens     int
+				status        int
+				r             int64
+			}{
+				// 1000 × 5 reserved; settles to 1000 × 1 + 400 × 0.1 + 200 × 5 = 2040.
+				{"claude-haiku-4", "anthropic", 1000, 200, 95000},
+				// 1000 × 75 reserved; settles to 1000 × 15 + 400 × 1.5 + 200 × 75 = 30600.
+				{"claude-opus-4", "anthropic-stream", 1000, 200, 100000 - 2040 - 75000},
+				{"claude-haiku-4", "none", 100, 200, 100000 - 2040 - 30600 - 500},
+				// 75,000 is more than is left (and the last one kept its estimate).
+				{"claude-opus-4", "none", 1000, 429, 0},
+			} {
+				step := fmt.Sprintf("step %d: %s, %s", i, c.model, c.answer)
+				body := fmt.Sprintf(`{"model":%q,"max_tokens":%d,"stream":%v,"messages":[{"role":"user","content":"hi"}]}`,
+					c.model, c.maxTokens, strings.HasSuffix(c.answer, "stream"))
+				resp := llmPost(t, tester, step, "/v1/messages", k, c.answer, body)
+				if resp.StatusCode != c.status {
+					t.Fatalf("%s: status %d, want %d", step, resp.StatusCode, c.status)
+				}
+				if c.status == 200 {
+					if r := remaining(t, resp); r != c.r {
+						t.Errorf("%s: r = %d, want %d", step, r, c.r)
+					}
+				}
+			}
+		})
+	}
+}

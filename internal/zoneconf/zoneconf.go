@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/costexpr"
 )
 
 // Zone is a zone's options, as the config gives them: the root package's
@@ -73,9 +74,9 @@ type Settings struct {
 	Tiers          map[string]*algorithms.Limit // each listed value's limit, nil for an unlimited one
 	Key            string
 	V4Bits, V6Bits int
-	CostTemplate   string // empty when the cost is constant
-	Cost           int64  // constant cost, milli
-	DefaultCost    int64  // milli
+	CostExpr       *costexpr.Expr // the cost when it reads placeholders, else nil
+	Cost           int64          // constant cost, milli
+	DefaultCost    int64          // milli
 	OnError        OnError
 	Response       *Response // count_response, cost_response; nil without them
 	// RequestJSON are the paths of the {http.rate_limit.request.json.*}
@@ -257,11 +258,26 @@ func (zc *Zone) costs(s *Settings) error {
 	case c == "":
 		s.Cost = algorithms.Milli
 	case strings.Contains(c, "{"):
-		s.CostTemplate = c
+		e, err := costexpr.Compile(c)
+		if err != nil {
+			return fmt.Errorf("cost: %w", err)
+		}
+		s.CostExpr = e
 	default:
 		m, ok := algorithms.ParseCost(c)
+		if !ok && strings.ContainsAny(c, "+-*/()") {
+			// A constant expression ("1000 * 4"): its value.
+			e, err := costexpr.Compile(c)
+			if err != nil {
+				return fmt.Errorf("cost: %w", err)
+			}
+			f, isConst := e.Constant()
+			if m, ok = algorithms.CostMilli(f); !ok || !isConst {
+				return fmt.Errorf("cost: %q is not a finite number >= 0", zc.Cost)
+			}
+		}
 		if !ok {
-			return fmt.Errorf("cost: must be a finite number >= 0 or a placeholder template, got %q", zc.Cost)
+			return fmt.Errorf("cost: must be a finite number >= 0, a placeholder template or an expression, got %q", zc.Cost)
 		}
 		s.Cost = m
 	}

@@ -19,8 +19,8 @@ func TestParseDefaults(t *testing.T) {
 	if s.Key != DefaultKey || s.V4Bits != 32 || s.V6Bits != DefaultIPv6Prefix {
 		t.Errorf("key %q, prefixes /%d /%d, want %q, /32 /%d", s.Key, s.V4Bits, s.V6Bits, DefaultKey, DefaultIPv6Prefix)
 	}
-	if s.Cost != algorithms.Milli || s.DefaultCost != algorithms.Milli || s.CostTemplate != "" {
-		t.Errorf("cost %d, default %d, template %q, want 1 event each and no template", s.Cost, s.DefaultCost, s.CostTemplate)
+	if s.Cost != algorithms.Milli || s.DefaultCost != algorithms.Milli || s.CostExpr != nil {
+		t.Errorf("cost %d, default %d, expression %v, want 1 event each and no expression", s.Cost, s.DefaultCost, s.CostExpr)
 	}
 	if s.OnError != FailLocal || s.Slots != nil || s.Ban != nil || s.Tiers != nil || s.Response != nil {
 		t.Errorf("got %+v, want on_storage_error local and no guards, tiers or response", s)
@@ -49,7 +49,7 @@ func TestParseParts(t *testing.T) {
 	if len(s.RequestJSON) != 1 || s.RequestJSON[0] != "usage.tokens" {
 		t.Errorf("request JSON paths %q, want [usage.tokens]", s.RequestJSON)
 	}
-	if s.Response == nil || s.Response.Headers || s.Response.Cost != "" {
+	if s.Response == nil || s.Response.Headers || s.Response.Cost != nil {
 		t.Errorf("response %+v, want a status match that reads no header", s.Response)
 	}
 }
