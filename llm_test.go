@@ -303,3 +303,61 @@ func TestMoneyBudget(t *testing.T) {
 		})
 	}
 }
+
+// TestEstimateNotShrunk: the recipe's estimate reserves the largest of
+// the output caps the APIs use, however spelled, weighted as the
+// settlement (output at 4), plus the prompt estimated at 4 bytes of the
+// JSON document a token; a body without a cap reserves default_cost, a
+// floor that a load error keeps at most the smallest capacity of the
+// zone and its tiers.
+func TestEstimateNotShrunk(t *testing.T) {
+	for name, storage := range multiZoneStores(t) {
+		t.Run(name, func(t *testing.T) {
+			up := providerUpstream(t, providerAnswers)
+			tester := caddytest.NewTester(t)
+			tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone tokens {
+				key {http.request.header.Authorization}
+				rate 100000/h
+				cost "max({http.rate_limit.request.json.max_tokens}, {http.rate_limit.request.json.max_completion_tokens}, {http.rate_limit.request.json.max_output_tokens}, {http.rate_limit.request.json.generationConfig.maxOutputTokens}) * 4 + {http.rate_limit.request.size} / 4"
+				default_cost 2000
+				cost_response "`+recipeOpenAIChat+`"
+			}
+			`+storage(t)+`
+		}
+		reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
+	}`, "caddyfile")
+			prompt := strings.Repeat("tell me more ", 300)
+			for i, c := range []struct {
+				body string
+				cap  int64 // the output tokens reserved; 0: none, default_cost
+			}{
+				{`{"model":"m","max_tokens":10,"max_completion_tokens":3000}`, 3000},
+				{`{"model":"m","max_output_tokens":2000}`, 2000},
+				{`{"model":"m","max_tokens":1,"MAX_TOKENS":5000}`, 5000},
+				{`{"model":"m","max_tokens":1,"max_to\u212Aens":5000}`, 5000},
+				{`{"contents":[],"generationConfig":{"maxOutputTokens":700}}`, 700},
+				{`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"` + prompt + `"}]}`, 100},
+				{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 0},
+			} {
+				step := fmt.Sprintf("step %d: %.80s", i, c.body)
+				resp := llmPost(t, tester, step, "/v1/chat/completions", fmt.Sprintf("est-%s-%d", name, i), "none", c.body)
+				if resp.StatusCode != 200 {
+					t.Fatalf("%s: status %d, want 200", step, resp.StatusCode)
+				}
+				// Reserved in thousandths: cap × 4 + size / 4; shown
+				// remaining is what is left, rounded down.
+				milli := c.cap*4000 + int64(len(c.body))*1000/4
+				if c.cap == 0 {
+					milli = 2000 * 1000
+				}
+				want := (100000*1000 - milli) / 1000
+				if r := remaining(t, resp); r != want {
+					t.Errorf("%s: r = %d, want %d (%d thousandths reserved); RateLimit %s, Policy %s", step, r, want, milli, resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy"))
+				}
+			}
+		})
+	}
+}

@@ -87,7 +87,8 @@ type Handler struct {
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 
 	// requestJSON: a zone reads the request's JSON body (its key, cost,
-	// tier_key or cost_response names {http.rate_limit.request.json.*}).
+	// tier_key or cost_response names {http.rate_limit.request.json.*} or
+	// {http.rate_limit.request.size}).
 	requestJSON bool
 
 	zones      []*zone

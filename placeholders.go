@@ -68,7 +68,8 @@ func (p *placeholders) setQuota(res *result) {
 // {http.rate_limit.zone}, {http.rate_limit.exceeded.name} and
 // {http.rate_limit.retry_after} (empty when no wait can be given) once a
 // zone rejected the request; {http.rate_limit.request.json.<path>} once
-// a zone read the request's JSON body.
+// a zone read the request's JSON body, and {http.rate_limit.request.size},
+// the size of its JSON document in bytes.
 func (p *placeholders) get(key string) (any, bool) {
 	name, ok := strings.CutPrefix(key, placeholderPrefix)
 	if !ok {
@@ -84,7 +85,10 @@ func (p *placeholders) get(key string) (any, bool) {
 		return "", true // read, and missing: empty
 	}
 	switch name {
-	case "limit":
+	case "request.size":
+		if p.requestJSON != nil {
+			return len(p.requestJSON), true
+		}
 		if p.quota != nil {
 			return p.quota.limitValue, true
 		}

@@ -429,7 +429,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if r := s.Response; r != nil {
 		z.response = &responseRule{match: zc.CountResponse, cost: r.Cost, json: r.JSON, headers: r.Headers}
 	}
-	z.requestJSON = s.RequestJSON != nil
+	z.requestJSON = s.ReadsRequest
 	if err := h.checkSettlers(z); err != nil {
 		return nil, err
 	}

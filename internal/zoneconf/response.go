@@ -27,6 +27,10 @@ const ResponseHeaderPrefix = "http.response.header."
 // body.
 const ResponseJSONPrefix = "http.rate_limit.response.json."
 
+// RequestSize is the placeholder of the size in bytes of the request's
+// JSON document, once read.
+const RequestSize = "http.rate_limit.request.size"
+
 // RequestJSONPrefix starts the placeholders of a number in the request's
 // JSON body.
 const RequestJSONPrefix = "http.rate_limit.request.json."

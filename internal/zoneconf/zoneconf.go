@@ -83,6 +83,10 @@ type Settings struct {
 	// placeholders in key, cost, tier_key and cost_response: a request the
 	// zone applies to has its JSON body read.
 	RequestJSON []string
+	// ReadsRequest: a request the zone applies to has its JSON body read
+	// (a {http.rate_limit.request.json.*} or {http.rate_limit.request.size}
+	// placeholder in those fields).
+	ReadsRequest bool
 }
 
 // OnError is what a zone does when its store cannot answer in time
@@ -239,6 +243,7 @@ func (zc *Zone) requestJSON(s *Settings) error {
 			return fmt.Errorf("%s: %w", f.name, err)
 		}
 		s.RequestJSON = append(s.RequestJSON, paths...)
+		s.ReadsRequest = s.ReadsRequest || len(paths) > 0 || strings.Contains(f.value, "{"+RequestSize+"}")
 	}
 	return nil
 }

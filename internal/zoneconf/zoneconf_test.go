@@ -54,6 +54,30 @@ func TestParseParts(t *testing.T) {
 	}
 }
 
+// TestReadsRequest: a zone reads the request's JSON body when its key,
+// cost, tier_key or cost_response names a request placeholder.
+func TestReadsRequest(t *testing.T) {
+	for _, c := range []struct {
+		zone Zone
+		want bool
+	}{
+		{Zone{Events: 5, Window: time.Hour}, false},
+		{Zone{Events: 5, Window: time.Hour, Cost: "{http.request.header.W}"}, false},
+		{Zone{Events: 5, Window: time.Hour, Cost: "{http.rate_limit.request.size} / 4"}, true},
+		{Zone{Events: 5, Window: time.Hour, Key: "{http.rate_limit.request.json.model}"}, true},
+		{Zone{Events: 5, Window: time.Hour, TierKey: "{http.rate_limit.request.json.model}", Tiers: map[string]*Tier{"m": {Events: 1, Window: time.Hour}}}, true},
+		{Zone{Algorithm: "token_bucket", Events: 5, Window: time.Hour, CostResponse: "{http.rate_limit.response.json.usage.n} * {http.rate_limit.request.json.n}"}, true},
+	} {
+		s, err := Parse(c.zone)
+		if err != nil {
+			t.Fatalf("Parse(%+v): %v", c.zone, err)
+		}
+		if s.ReadsRequest != c.want {
+			t.Errorf("Parse(%+v): reads the request %v, want %v", c.zone, s.ReadsRequest, c.want)
+		}
+	}
+}
+
 func TestParseCalendar(t *testing.T) {
 	s, err := Parse(Zone{Algorithm: "fixed_window", Events: 3, Months: 1, Align: AlignCalendar, Timezone: "Europe/Berlin",
 		Tiers: map[string]*Tier{"gold": {Events: 9, Window: 7 * 24 * time.Hour}}, TierKey: "{http.vars.plan}"})
