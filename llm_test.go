@@ -300,6 +300,17 @@ func TestMoneyBudget(t *testing.T) {
 					}
 				}
 			}
+			// What the operator sees: micro-dollars left this month.
+			out, err := runCLI(t, "--address="+testAdmin, "show", "dollars", "Bearer "+k)
+			if err != nil {
+				t.Fatalf("caddy rate-limit show: %v", err)
+			}
+			t.Logf("caddy rate-limit show dollars 'Bearer %s':\n%s", k, out)
+			if m := keyTable(t, out); m["remaining"] != fmt.Sprint(100000-2040-30600-500) || !strings.HasPrefix(m["reset"], "in ") {
+				t.Errorf("caddy rate-limit show:\n%s\nwant remaining %d and a reset", out, 100000-2040-30600-500)
+			}
+			out, _ = runCLI(t, "--address="+testAdmin, "zones")
+			t.Logf("caddy rate-limit zones:\n%s", out)
 		})
 	}
 }
