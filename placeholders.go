@@ -3,6 +3,7 @@ package tollgate
 import (
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -28,9 +29,44 @@ type placeholders struct {
 	rejected   *zone // the zone that rejected the request; nil: none did
 	retryAfter int64 // seconds; -1: none
 	// requestJSON is the request's JSON body, once a zone that reads it
-	// applied; nil before (see readRequestJSON).
-	requestJSON []byte
+	// applied and it was one whole JSON document; nil before (see
+	// readRequestJSON).
+	requestJSON *requestJSON
 }
+
+// requestJSON is a request's JSON document and the values of the paths
+// read from it so far: a key, a tier, a cost and a `map` may each ask for
+// the same path, and each walk of a large document costs.
+type requestJSON struct {
+	doc  []byte
+	mu   sync.Mutex // guards read: a placeholder may be read from any goroutine
+	read []jsonValue
+}
+
+type jsonValue struct {
+	path, val string
+	ok        bool
+}
+
+// value is the value at path (see bodyscan.RequestValue).
+func (j *requestJSON) value(path string) (string, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, v := range j.read {
+		if v.path == path {
+			return v.val, v.ok
+		}
+	}
+	val, ok := bodyscan.ValidRequestValue(j.doc, path)
+	if len(j.read) < maxJSONValues {
+		j.read = append(j.read, jsonValue{path, val, ok})
+	}
+	return val, ok
+}
+
+// maxJSONValues bounds the values a request keeps (a config names a few
+// paths; a log of every placeholder must not grow the request).
+const maxJSONValues = 16
 
 const placeholderPrefix = "http.rate_limit."
 
@@ -79,7 +115,7 @@ func (p *placeholders) get(key string) (any, bool) {
 		if p.requestJSON == nil {
 			return nil, false
 		}
-		if v, ok := bodyscan.RequestValue(p.requestJSON, path); ok {
+		if v, ok := p.requestJSON.value(path); ok {
 			return v, true
 		}
 		return "", true // read, and missing: empty
@@ -87,7 +123,7 @@ func (p *placeholders) get(key string) (any, bool) {
 	switch name {
 	case "request.size":
 		if p.requestJSON != nil {
-			return len(p.requestJSON), true
+			return len(p.requestJSON.doc), true
 		}
 		if p.quota != nil {
 			return p.quota.limitValue, true
@@ -125,8 +161,8 @@ func (p *placeholders) String() string { return "" }
 //go:noinline
 func readRequestJSON(r *http.Request, repl *caddy.Replacer) {
 	doc, ok := bodyscan.ReadRequest(r)
-	if !ok {
+	if !ok || !bodyscan.Valid(doc) {
 		return
 	}
-	placeholdersOf(r, repl).requestJSON = doc
+	placeholdersOf(r, repl).requestJSON = &requestJSON{doc: doc}
 }

@@ -437,6 +437,19 @@ func validNumber(doc []byte, i int) (int, bool) {
 // ok is false too when doc is not one whole JSON value: a parser would
 // refuse it.
 func RequestValue(doc []byte, path string) (val string, ok bool) {
+	if val, ok = ValidRequestValue(doc, path); !ok || !jsonValid(doc) {
+		return "", false
+	}
+	return val, true
+}
+
+// Valid reports whether doc is one whole JSON value, as json.Valid does,
+// without allocating.
+func Valid(doc []byte) bool { return jsonValid(doc) }
+
+// ValidRequestValue is RequestValue for a document that Valid has
+// accepted: it walks only the path, not the whole document.
+func ValidRequestValue(doc []byte, path string) (val string, ok bool) {
 	if path == "" {
 		return "", false
 	}
@@ -452,9 +465,6 @@ func RequestValue(doc []byte, path string) (val string, ok bool) {
 			val = decodeString(p.str[1 : len(p.str)-1])
 		}
 	default:
-		return "", false
-	}
-	if !jsonValid(doc) {
 		return "", false
 	}
 	return val, true

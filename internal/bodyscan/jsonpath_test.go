@@ -228,3 +228,24 @@ func FuzzRequestValue(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkRequestValue reads max_tokens after a 100 KB prompt: with the
+// document's validation (RequestValue) and without (ValidRequestValue, a
+// document validated once on reading), as the handler does per path.
+func BenchmarkRequestValue(b *testing.B) {
+	doc := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("tell me more ", 100<<10/13) + `"}],"max_tokens":300}`)
+	for _, c := range []struct {
+		name string
+		f    func([]byte, string) (string, bool)
+	}{{"validated", RequestValue}, {"walk", ValidRequestValue}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(doc)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if v, ok := c.f(doc, "max_tokens"); !ok || v != "300" {
+					b.Fatalf("got %q, %v", v, ok)
+				}
+			}
+		})
+	}
+}
