@@ -38,20 +38,20 @@ const (
 // and its local copy for on_storage_error local.
 func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit, storeName string) (*zone, error) {
 	p := &zone{
-		name:        z.name,
-		role:        role,
-		spec:        storage.Zone{Name: storeName, Limit: l, MaxKeys: h.MaxKeys},
-		matchers:    z.matchers,
-		key:         z.key,
-		clientIP:    z.clientIP,
-		header:      z.header,
-		v4bits:      z.v4bits,
-		v6bits:      z.v6bits,
-		costExpr:    z.costExpr,
-		cost:        z.cost,
-		defaultCost: z.defaultCost,
-		onError:     z.onError,
-		Zone:        shared.Zone{DryRun: z.DryRun, Rate: role == roleRate, Slots: role == roleSlots},
+		name:         z.name,
+		role:         role,
+		spec:         storage.Zone{Name: storeName, Limit: l, MaxKeys: h.MaxKeys},
+		matchers:     z.matchers,
+		key:          z.key,
+		clientIP:     z.clientIP,
+		header:       z.header,
+		v4bits:       z.v4bits,
+		v6bits:       z.v6bits,
+		costTemplate: z.costTemplate,
+		cost:         z.cost,
+		defaultCost:  z.defaultCost,
+		onError:      z.onError,
+		Zone:         shared.Zone{DryRun: z.DryRun, Rate: role == roleRate, Slots: role == roleSlots},
 	}
 	p.base = p
 	if z.base != nil {

@@ -244,9 +244,9 @@ type zone struct {
 	v4bits   int
 	v6bits   int
 
-	costExpr    *costexpr.Expr // nil when the cost is constant
-	cost        int64          // constant cost, milli
-	defaultCost int64          // milli
+	costTemplate *costexpr.Expr // the cost template or expression; nil when the cost is constant
+	cost         int64          // constant cost, milli
+	defaultCost  int64          // milli
 
 	onError zoneconf.OnError
 
@@ -362,17 +362,17 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		return nil, fmt.Errorf("concurrency and ban: need storage memory or redis, which decide them with the rate as one step")
 	}
 	common := &zone{
-		name:        name,
-		key:         s.Key,
-		clientIP:    s.Key == zoneconf.DefaultKey,
-		header:      headerKey(s.Key),
-		v4bits:      s.V4Bits,
-		v6bits:      s.V6Bits,
-		costExpr:    s.CostExpr,
-		cost:        s.Cost,
-		defaultCost: s.DefaultCost,
-		onError:     s.OnError,
-		Zone:        shared.Zone{DryRun: zc.DryRun},
+		name:         name,
+		key:          s.Key,
+		clientIP:     s.Key == zoneconf.DefaultKey,
+		header:       headerKey(s.Key),
+		v4bits:       s.V4Bits,
+		v6bits:       s.V6Bits,
+		costTemplate: s.CostExpr,
+		cost:         s.Cost,
+		defaultCost:  s.DefaultCost,
+		onError:      s.OnError,
+		Zone:         shared.Zone{DryRun: zc.DryRun},
 	}
 	if zc.MatcherSetsRaw != nil {
 		mods, err := ctx.LoadModule(zc, "MatcherSetsRaw")
@@ -530,10 +530,10 @@ func (z *zone) storedKey(key string) string {
 
 // resolveCost returns the request's cost in milli-units.
 func (z *zone) resolveCost(repl *caddy.Replacer) int64 {
-	if z.costExpr == nil {
+	if z.costTemplate == nil {
 		return z.cost
 	}
-	if f, ok := z.costExpr.Eval(repl.Get); ok {
+	if f, ok := z.costTemplate.Eval(repl.Get); ok {
 		if m, ok := algorithms.CostMilli(f); ok {
 			return m
 		}
