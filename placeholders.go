@@ -125,6 +125,7 @@ func (p *placeholders) get(key string) (any, bool) {
 		if p.requestJSON != nil {
 			return len(p.requestJSON.doc), true
 		}
+	case "limit":
 		if p.quota != nil {
 			return p.quota.limitValue, true
 		}
