@@ -271,14 +271,13 @@ func (zc *Zone) costs(s *Settings) error {
 	default:
 		m, ok := algorithms.ParseCost(c)
 		if !ok && strings.ContainsAny(c, "+-*/()") {
-			// A constant expression ("1000 * 4"): its value.
-			e, err := costexpr.Compile(c)
-			if err != nil {
-				return fmt.Errorf("cost: %w", err)
-			}
-			f, isConst := e.Constant()
-			if m, ok = algorithms.CostMilli(f); !ok || !isConst {
-				return fmt.Errorf("cost: %q is not a finite number >= 0", zc.Cost)
+			// A constant expression ("1000 * 4"): its value. Anything
+			// else ("-1") gets the error below.
+			if e, err := costexpr.Compile(c); err == nil {
+				f, isConst := e.Constant()
+				if m, ok = algorithms.CostMilli(f); !ok || !isConst {
+					return fmt.Errorf("cost: %q is not a finite number >= 0", zc.Cost)
+				}
 			}
 		}
 		if !ok {
