@@ -532,6 +532,9 @@ func (p *pick) walk(doc []byte, i int, path string) {
 
 // note takes the value at i as a candidate.
 func (p *pick) note(doc []byte, i int) {
+	if i >= len(doc) {
+		return // cut off: the document is refused
+	}
 	switch c := doc[i]; {
 	case c == '-' || (c >= '0' && c <= '9'):
 		end, ok := validNumber(doc, i)

@@ -161,6 +161,7 @@ func TestRequestValue(t *testing.T) {
 		{"object is no value", `{"model":{"x":1}}`, "model", ""},
 		{"missing", `{"messages":[]}`, "model", ""},
 		{"not JSON", `{"model":"a"`, "model", ""},
+		{"cut off after the colon", `{"model":`, "model", ""},
 		{"trailing bytes", `{"max_tokens":5}x`, "max_tokens", ""},
 		{"empty path", `{"":5}`, "", ""},
 	}
