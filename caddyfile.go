@@ -42,7 +42,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			timezone     <IANA name>         # of a calendar window; default UTC
 //			rate         <n>/<unit>          # shorthand for events + window: 10/s, 600/m, 5000/h, 100/10s, 10000/d, 1000000/mo
 //			burst        <n>
-//			cost         <number|template>
+//			cost         <number|template|expression>
 //			default_cost <number>
 //			max_delay    <duration>
 //			ipv4_prefix  <bits>

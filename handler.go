@@ -67,8 +67,8 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	var buf [inlineResults]result
 	results := buf[:0]
 	var abuf [1]result
-	adaptive := abuf[:0]             // concurrency adaptive parts, decided first
-	readJSON := h.requestJSON != nil // the request's JSON is yet to be read
+	adaptive := abuf[:0]      // concurrency adaptive parts, decided first
+	readJSON := h.requestJSON // the request's JSON is yet to be read
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -79,10 +79,10 @@ func (h *Handler) gate(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 				continue
 			}
 		}
-		if readJSON && z.requestJSON != nil {
+		if readJSON && z.requestJSON {
 			// Only a request that a zone reading its JSON applies to is
 			// read: any other body reaches the upstream as it comes.
-			readRequestJSON(r, repl, h.requestJSON)
+			readRequestJSON(r, repl)
 			readJSON = false
 		}
 		rate := z

@@ -86,9 +86,10 @@ type Handler struct {
 	// instances. Default: none, refused.
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 
-	// requestJSON are the paths zones' costs read from a request's JSON
-	// body ({http.rate_limit.request.json.*}), or nil.
-	requestJSON []string
+	// requestJSON: a zone reads the request's JSON body (its key, cost,
+	// tier_key or cost_response names {http.rate_limit.request.json.*} or
+	// {http.rate_limit.request.size}).
+	requestJSON bool
 
 	zones      []*zone
 	headers    ratelimitheader.Modes
@@ -177,7 +178,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.zones = append(h.zones, z)
 		h.bans = h.bans || z.ban != nil
 		h.responses = h.responses || z.response != nil
-		h.requestJSON = append(h.requestJSON, z.requestJSON...)
+		h.requestJSON = h.requestJSON || z.requestJSON
 		for _, p := range z.parts {
 			h.slots = h.slots || p.role == roleSlots
 		}

@@ -3,6 +3,7 @@ package tollgate
 import (
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -27,7 +28,45 @@ type placeholders struct {
 	remaining  int64
 	rejected   *zone // the zone that rejected the request; nil: none did
 	retryAfter int64 // seconds; -1: none
+	// requestJSON is the request's JSON body, once a zone that reads it
+	// applied and it was one whole JSON document; nil before (see
+	// readRequestJSON).
+	requestJSON *requestJSON
 }
+
+// requestJSON is a request's JSON document and the values of the paths
+// read from it so far: a key, a tier, a cost and a `map` may each ask for
+// the same path, and each walk of a large document costs.
+type requestJSON struct {
+	doc  []byte
+	mu   sync.Mutex // guards read: a placeholder may be read from any goroutine
+	read []jsonValue
+}
+
+type jsonValue struct {
+	path, val string
+	ok        bool
+}
+
+// value is the value at path (see bodyscan.RequestValue).
+func (j *requestJSON) value(path string) (string, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, v := range j.read {
+		if v.path == path {
+			return v.val, v.ok
+		}
+	}
+	val, ok := bodyscan.ValidRequestValue(j.doc, path)
+	if len(j.read) < maxJSONValues {
+		j.read = append(j.read, jsonValue{path, val, ok})
+	}
+	return val, ok
+}
+
+// maxJSONValues bounds the values a request keeps (a config names a few
+// paths; a log of every placeholder must not grow the request).
+const maxJSONValues = 16
 
 const placeholderPrefix = "http.rate_limit."
 
@@ -64,13 +103,28 @@ func (p *placeholders) setQuota(res *result) {
 // {http.rate_limit.remaining} once a zone reported them, and
 // {http.rate_limit.zone}, {http.rate_limit.exceeded.name} and
 // {http.rate_limit.retry_after} (empty when no wait can be given) once a
-// zone rejected the request.
+// zone rejected the request; {http.rate_limit.request.json.<path>} once
+// a zone read the request's JSON body, and {http.rate_limit.request.size},
+// the size of its JSON document in bytes.
 func (p *placeholders) get(key string) (any, bool) {
 	name, ok := strings.CutPrefix(key, placeholderPrefix)
 	if !ok {
 		return nil, false
 	}
+	if path, ok := strings.CutPrefix(key, zoneconf.RequestJSONPrefix); ok {
+		if p.requestJSON == nil {
+			return nil, false
+		}
+		if v, ok := p.requestJSON.value(path); ok {
+			return v, true
+		}
+		return "", true // read, and missing: empty
+	}
 	switch name {
+	case "request.size":
+		if p.requestJSON != nil {
+			return len(p.requestJSON.doc), true
+		}
 	case "limit":
 		if p.quota != nil {
 			return p.quota.limitValue, true
@@ -97,20 +151,19 @@ func (p *placeholders) get(key string) (any, bool) {
 // String keeps the request variable empty should anything print it.
 func (p *placeholders) String() string { return "" }
 
-// readRequestJSON reads the numbers at paths in the request's JSON body
-// into their placeholders (see bodyscan.ReadRequest); a body that is
-// longer than the bound, not one whole JSON document, or lacks a path
-// sets nothing (the cost is then default_cost).
+// readRequestJSON reads the request's JSON body (see
+// bodyscan.ReadRequest) for its {http.rate_limit.request.json.*}
+// placeholders, which then answer every path from it (see
+// bodyscan.RequestValue), for the zones and for any handler or log after
+// (a `map` from the model to its price). A body that is longer than the
+// bound or not one whole JSON document answers no path: a cost is then
+// default_cost, a key or tier holds the placeholder empty.
 //
 //go:noinline
-func readRequestJSON(r *http.Request, repl *caddy.Replacer, paths []string) {
+func readRequestJSON(r *http.Request, repl *caddy.Replacer) {
 	doc, ok := bodyscan.ReadRequest(r)
-	if !ok {
+	if !ok || !bodyscan.Valid(doc) {
 		return
 	}
-	for _, p := range paths {
-		if n, ok := bodyscan.NumberAt(doc, strings.Split(p, ".")); ok {
-			repl.Set(zoneconf.RequestJSONPrefix+p, string(n))
-		}
-	}
+	placeholdersOf(r, repl).requestJSON = &requestJSON{doc: doc}
 }

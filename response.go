@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/bodyscan"
+	"github.com/caddy-tollgate/tollgate/internal/costexpr"
 	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
@@ -30,7 +31,7 @@ import (
 // responseRule is a zone's count_response and cost_response, parsed.
 type responseRule struct {
 	match *caddyhttp.ResponseMatcher // nil: every response counts
-	cost  string                     // the cost_response template, or ""
+	cost  *costexpr.Expr             // cost_response, or nil
 	// json are the dotted paths of the {http.rate_limit.response.json.*}
 	// placeholders in cost: the numbers the body scanner looks for.
 	json []string
@@ -59,7 +60,7 @@ func unmarshalCountResponse(d *caddyfile.Dispenser) (*caddyhttp.ResponseMatcher,
 // settle an excess (a storage module of another package); count_response
 // alone gives back with Undo, which every store has.
 func (h *Handler) checkSettlers(z *zone) error {
-	if z.response == nil || z.response.cost == "" {
+	if z.response == nil || z.response.cost == nil {
 		return nil
 	}
 	if _, ok := z.Limiter.(storage.Settler); !ok {
@@ -96,9 +97,11 @@ func (rule *responseRule) actual(cost int64, status int, header http.Header, rep
 	if rule.match != nil && !rule.match.Match(status, header) {
 		return 0
 	}
-	if rule.cost != "" {
-		if m, ok := algorithms.ParseCost(repl.ReplaceAll(rule.cost, "")); ok {
-			return m
+	if rule.cost != nil {
+		if f, ok := rule.cost.Eval(repl.Get); ok {
+			if m, ok := algorithms.CostMilli(f); ok {
+				return m
+			}
 		}
 	}
 	return cost

@@ -29,7 +29,8 @@ func statusNext(status int, usage string) caddyhttp.Handler {
 // response options on the memory store: a plain zone (the baseline), a
 // count_response zone whose response matches (nothing to settle) and one
 // whose response does not (a give-back), and a cost_response zone
-// settled from a header to more than its estimate.
+// settled from a header to more than its estimate, by the header alone
+// and by an expression that reads it twice.
 func BenchmarkServeHTTPResponse(b *testing.B) {
 	matcher := &caddyhttp.ResponseMatcher{StatusCode: []int{401}}
 	cases := []struct {
@@ -41,6 +42,7 @@ func BenchmarkServeHTTPResponse(b *testing.B) {
 		{"count_response/matching", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), CountResponse: matcher}, statusNext(401, "")},
 		{"count_response/give-back", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), CountResponse: matcher}, statusNext(200, "")},
 		{"cost_response/header", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), CostResponse: "{http.response.header.X-Usage}"}, statusNext(200, "3")},
+		{"cost_response/expression", Zone{Algorithm: "token_bucket", Events: 1 << 30, Window: caddy.Duration(3600e9), CostResponse: "({http.response.header.X-Usage} - 1) * 3 + {http.response.header.X-Usage} * 15 / 1000"}, statusNext(200, "3")},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

@@ -411,7 +411,7 @@ func TestJSONReadAsParsersRead(t *testing.T) {
 		rate_limit {
 			zone tokens {
 				key {http.request.header.X-Client}
-				rate 10000/h
+				rate 100000/h
 				cost {http.rate_limit.request.json.max_tokens}
 				default_cost 1
 				cost_response {http.rate_limit.response.json.usage.total_tokens}
@@ -439,11 +439,20 @@ func TestJSONReadAsParsersRead(t *testing.T) {
 	}{
 		{"duplicate", `{"max_tokens":1,"max_tokens":5000}`, 5000},
 		{"escaped", `{"max\u005ftokens":5000}`, 5000},
-		{"escaped duplicate", `{"max_tokens":5000,"max\u005Ftokens":7}`, 7},
+		// Of the keys some parser takes for the path, the largest:
+		// JSON.parse keeps the last, Go's encoding/json (Ollama) the last
+		// that folds to max_tokens, without regard to case and with
+		// Unicode folding (ſ is s, the Kelvin sign is k).
+		{"escaped duplicate", `{"max_tokens":5000,"max\u005Ftokens":7}`, 5000},
+		{"upper case", `{"max_tokens":1,"MAX_TOKENS":50000}`, 50000},
+		{"upper case first", `{"MAX_TOKENS":50000,"max_tokens":1}`, 50000},
+		{"Kelvin sign", `{"max_tokens":1,"max_to\u212Aens":50000}`, 50000},
+		{"Kelvin sign in UTF-8", "{\"max_tokens\":1,\"max_to\u212Aens\":50000}", 50000},
+		{"long s", "{\"max_tokens\":1,\"max_token\u017F\":50000}", 50000},
 	} {
 		resp := post("request "+c.name, "req-"+c.name, c.body, noUsage)
-		if r := remaining(t, resp); r != 10000-c.want {
-			t.Errorf("request JSON %s %s: r = %d, want %d (max_tokens %d reserved)", c.name, c.body, r, 10000-c.want, c.want)
+		if r := remaining(t, resp); r != 100000-c.want {
+			t.Errorf("request JSON %s %s: r = %d, want %d (max_tokens %d reserved)", c.name, c.body, r, 100000-c.want, c.want)
 		}
 	}
 	for _, c := range []struct {
@@ -456,8 +465,8 @@ func TestJSONReadAsParsersRead(t *testing.T) {
 	} {
 		post("answer "+c.name, "resp-"+c.name, `{"max_tokens":10}`, c.answer)
 		resp := post("after "+c.name, "resp-"+c.name, `{"max_tokens":10}`, noUsage)
-		if r := remaining(t, resp); r != 10000-c.want-10 {
-			t.Errorf("response JSON %s %s: then r = %d, want %d (%d settled, then 10 reserved)", c.name, c.answer, r, 10000-c.want-10, c.want)
+		if r := remaining(t, resp); r != 100000-c.want-10 {
+			t.Errorf("response JSON %s %s: then r = %d, want %d (%d settled, then 10 reserved)", c.name, c.answer, r, 100000-c.want-10, c.want)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/costexpr"
 	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
@@ -76,13 +77,16 @@ type Zone struct {
 	// in events. Default: Events.
 	Burst int64 `json:"burst,omitempty"`
 
-	// Cost is what one request counts for: a number, or a template such as
-	// "{http.request.header.X-Request-Weight}". Fractions are allowed.
-	// Default: 1.
+	// Cost is what one request counts for: a number, a template such as
+	// "{http.request.header.X-Request-Weight}", or an expression of
+	// numbers and placeholders with + - * /, parentheses, max(...) and
+	// min(...), such as
+	// "max({http.rate_limit.request.json.max_tokens}, {http.rate_limit.request.json.max_completion_tokens}) * {price_out}".
+	// Fractions are allowed. Default: 1.
 	Cost Cost `json:"cost,omitempty"`
 
-	// DefaultCost is the cost of a request whose Cost template does not
-	// resolve to a finite number >= 0. Default: 1.
+	// DefaultCost is the cost of a request whose Cost template or
+	// expression has no value that is a finite number >= 0. Default: 1.
 	DefaultCost *float64 `json:"default_cost,omitempty"`
 
 	// MaxDelay makes a leaky_bucket shape instead of police: a request that
@@ -158,10 +162,10 @@ type Zone struct {
 	// does not match. Default: none (every admitted request counts).
 	CountResponse *caddyhttp.ResponseMatcher `json:"count_response,omitempty"`
 
-	// CostResponse is a template whose value, once the response is
-	// complete, is the request's actual cost, such as
+	// CostResponse is a template or an expression (as Cost's) whose value,
+	// once the response is complete, is the request's actual cost, such as
 	// "{http.response.header.X-Usage}", "{http.response.size}" or
-	// "{http.rate_limit.response.json.usage.total_tokens}": the zone
+	// "{http.rate_limit.response.json.usage.input_tokens} * {price_in} + {http.rate_limit.response.json.usage.output_tokens} * {price_out}": the zone
 	// reserves Cost (the estimate) up front and settles to it, giving back
 	// the difference or owing the excess past the capacity. A value that
 	// is not a number keeps the estimate. Default: none (the cost is
@@ -240,9 +244,9 @@ type zone struct {
 	v4bits   int
 	v6bits   int
 
-	costTemplate string // empty when the cost is constant
-	cost         int64  // constant cost, milli
-	defaultCost  int64  // milli
+	costTemplate *costexpr.Expr // the cost template or expression; nil when the cost is constant
+	cost         int64          // constant cost, milli
+	defaultCost  int64          // milli
 
 	onError zoneconf.OnError
 
@@ -284,9 +288,9 @@ type zone struct {
 
 	// response, on a base: its count_response and cost_response, or nil.
 	response *responseRule
-	// requestJSON, on a base: the paths its cost reads from the request's
-	// JSON body, or nil.
-	requestJSON []string
+	// requestJSON, on a base: its key, cost, tier_key or cost_response
+	// reads the request's JSON body.
+	requestJSON bool
 }
 
 // validate checks every value of the zone, naming the field and the
@@ -364,7 +368,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		header:       headerKey(s.Key),
 		v4bits:       s.V4Bits,
 		v6bits:       s.V6Bits,
-		costTemplate: s.CostTemplate,
+		costTemplate: s.CostExpr,
 		cost:         s.Cost,
 		defaultCost:  s.DefaultCost,
 		onError:      s.OnError,
@@ -425,7 +429,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	if r := s.Response; r != nil {
 		z.response = &responseRule{match: zc.CountResponse, cost: r.Cost, json: r.JSON, headers: r.Headers}
 	}
-	z.requestJSON = s.RequestJSON
+	z.requestJSON = s.ReadsRequest
 	if err := h.checkSettlers(z); err != nil {
 		return nil, err
 	}
@@ -526,11 +530,13 @@ func (z *zone) storedKey(key string) string {
 
 // resolveCost returns the request's cost in milli-units.
 func (z *zone) resolveCost(repl *caddy.Replacer) int64 {
-	if z.costTemplate == "" {
+	if z.costTemplate == nil {
 		return z.cost
 	}
-	if m, ok := algorithms.ParseCost(repl.ReplaceAll(z.costTemplate, "")); ok {
-		return m
+	if f, ok := z.costTemplate.Eval(repl.Get); ok {
+		if m, ok := algorithms.CostMilli(f); ok {
+			return m
+		}
 	}
 	return z.defaultCost
 }

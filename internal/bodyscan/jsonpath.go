@@ -2,7 +2,10 @@ package bodyscan
 
 import (
 	"bytes"
+	"errors"
 	"strconv"
+	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -411,4 +414,228 @@ func validNumber(doc []byte, i int) (int, bool) {
 		i = j
 	}
 	return i, true
+}
+
+// RequestValue returns the value at the dotted path (a segment that is a
+// whole number indexes an array) in doc, a request's JSON body, read so
+// that no upstream's parser takes a value the limiter did not count:
+// parsers disagree on which key is the path (JSON.parse and Python's
+// json keep the last of duplicate keys, some the first; Go's
+// encoding/json, decoding into a struct as Ollama's API does, matches a
+// key without regard to case, folding Unicode so that "ſ" is "s" and the
+// Kelvin sign is "k", and keeps the last match), so every member whose
+// key folds to the segment (see keyFolds) is a candidate, and:
+//
+//   - if any candidate is a number, the value is the largest number
+//     (an estimate from it errs high), as written;
+//   - else if every candidate is a string, or true or false, and all
+//     are the same (strings compared decoded), the value is that string
+//     decoded, or true or false;
+//   - else (candidates that disagree, null, an object or array, or none)
+//     the path is missing: ok is false.
+//
+// ok is false too when doc is not one whole JSON value: a parser would
+// refuse it.
+func RequestValue(doc []byte, path string) (val string, ok bool) {
+	if val, ok = ValidRequestValue(doc, path); !ok || !jsonValid(doc) {
+		return "", false
+	}
+	return val, true
+}
+
+// Valid reports whether doc is one whole JSON value, as json.Valid does,
+// without allocating.
+func Valid(doc []byte) bool { return jsonValid(doc) }
+
+// ValidRequestValue is RequestValue for a document that Valid has
+// accepted: it walks only the path, not the whole document.
+func ValidRequestValue(doc []byte, path string) (val string, ok bool) {
+	if path == "" {
+		return "", false
+	}
+	var p pick
+	p.walk(doc, skipSpace(doc, 0), path)
+	switch {
+	case p.num != nil:
+		val = string(p.num)
+	case p.str != nil && !p.differ:
+		if p.str[0] != '"' {
+			val = string(p.str) // true or false
+		} else {
+			val = decodeString(p.str[1 : len(p.str)-1])
+		}
+	default:
+		return "", false
+	}
+	return val, true
+}
+
+// pick gathers RequestValue's candidates.
+type pick struct {
+	num    []byte  // the largest number so far, or nil
+	numV   float64 // its value
+	str    []byte  // the first string (quoted) or true or false, or nil
+	differ bool    // a later string or literal is not str
+}
+
+// walk finds the values at path in the value at i, each given to note.
+// Members whose keys fold alike are disjoint values, so the walk reads
+// each byte of doc at most once per segment.
+func (p *pick) walk(doc []byte, i int, path string) {
+	if i >= len(doc) {
+		return
+	}
+	seg, rest, more := strings.Cut(path, ".")
+	switch doc[i] {
+	case '{':
+		for i++; ; {
+			i = skipSpace(doc, i)
+			if i >= len(doc) || doc[i] != '"' {
+				return
+			}
+			end, ok := skipString(doc, i)
+			if !ok {
+				return
+			}
+			name := doc[i+1 : end-1]
+			if i = skipSpace(doc, end); i >= len(doc) || doc[i] != ':' {
+				return
+			}
+			i = skipSpace(doc, i+1)
+			if keyFolds(name, seg) {
+				if more {
+					p.walk(doc, i, rest)
+				} else {
+					p.note(doc, i)
+				}
+			}
+			if i, ok = nextItem(doc, i); !ok {
+				return
+			}
+		}
+	case '[':
+		n, err := strconv.Atoi(seg)
+		if err != nil || n < 0 {
+			return
+		}
+		at, ok := findIndex(doc, i+1, n)
+		if !ok {
+			return
+		}
+		if more {
+			p.walk(doc, skipSpace(doc, at), rest)
+		} else {
+			p.note(doc, at)
+		}
+	}
+}
+
+// note takes the value at i as a candidate.
+func (p *pick) note(doc []byte, i int) {
+	if i >= len(doc) {
+		return // cut off: the document is refused
+	}
+	switch c := doc[i]; {
+	case c == '-' || (c >= '0' && c <= '9'):
+		end, ok := validNumber(doc, i)
+		if !ok {
+			return
+		}
+		f, err := strconv.ParseFloat(string(doc[i:end]), 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
+			return
+		}
+		if p.num == nil || f > p.numV {
+			p.num, p.numV = doc[i:end], f
+		}
+	case c == '"':
+		end, ok := skipString(doc, i)
+		if !ok {
+			return
+		}
+		p.same(doc[i:end])
+	case bytes.HasPrefix(doc[i:], []byte("true")):
+		p.same(doc[i : i+4])
+	case bytes.HasPrefix(doc[i:], []byte("false")):
+		p.same(doc[i : i+5])
+	}
+}
+
+// same notes a string or literal candidate v.
+func (p *pick) same(v []byte) {
+	switch {
+	case p.str == nil:
+		p.str = v
+	case (p.str[0] == '"') != (v[0] == '"'):
+		p.differ = true
+	case v[0] == '"':
+		p.differ = p.differ || !sameDecoded(p.str[1:len(p.str)-1], v[1:len(v)-1])
+	default:
+		p.differ = p.differ || !bytes.Equal(p.str, v)
+	}
+}
+
+// sameDecoded reports whether the JSON string contents a and b (escapes
+// undecoded) decode to the same string.
+func sameDecoded(a, b []byte) bool {
+	for len(a) > 0 && len(b) > 0 {
+		var ra, rb rune
+		ra, a = nextRune(a)
+		rb, b = nextRune(b)
+		if ra != rb {
+			return false
+		}
+	}
+	return len(a) == 0 && len(b) == 0
+}
+
+// decodeString decodes JSON string content (between its quotes), as
+// encoding/json does.
+func decodeString(raw []byte) string {
+	out := make([]byte, 0, len(raw))
+	for len(raw) > 0 {
+		var r rune
+		r, raw = nextRune(raw)
+		out = utf8.AppendRune(out, r)
+	}
+	return string(out)
+}
+
+// keyFolds reports whether the JSON string content raw (escapes
+// undecoded) decodes to a key that Go's encoding/json takes for a struct
+// field named seg: equal under Unicode simple folding, rune by rune, as
+// its foldName compares (so also when equal outright). Without
+// allocating.
+func keyFolds(raw []byte, seg string) bool {
+	for len(raw) > 0 {
+		var r rune
+		r, raw = nextRune(raw)
+		if seg == "" {
+			return false
+		}
+		s, n := utf8.DecodeRuneInString(seg)
+		seg = seg[n:]
+		if r != s && foldRune(r) != foldRune(s) {
+			return false
+		}
+	}
+	return seg == ""
+}
+
+// foldRune is the smallest rune of r's simple folding orbit, as
+// encoding/json's.
+func foldRune(r rune) rune {
+	if r < utf8.RuneSelf {
+		if 'a' <= r && r <= 'z' {
+			r -= 'a' - 'A'
+		}
+		return r
+	}
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
 }

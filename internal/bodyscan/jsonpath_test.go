@@ -3,6 +3,7 @@ package bodyscan
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -126,4 +127,126 @@ func decodedNumberAt(doc []byte, segs []string) (string, bool) {
 	}
 	n, ok := v.(json.Number)
 	return string(n), ok
+}
+
+// TestRequestValue: of the keys that some parser takes for the path
+// (duplicates, and Go's case-insensitive, Unicode-folding match), a
+// number is the largest; strings count only when they agree.
+func TestRequestValue(t *testing.T) {
+	cases := []struct {
+		name, doc, path string
+		want            string // "" means missing
+	}{
+		{"plain", `{"max_tokens":300}`, "max_tokens", "300"},
+		{"duplicate, larger last", `{"max_tokens":1,"max_tokens":5000}`, "max_tokens", "5000"},
+		{"duplicate, larger first", `{"max_tokens":5000,"max_tokens":1}`, "max_tokens", "5000"},
+		{"upper case, Go keeps the last", `{"max_tokens":1,"MAX_TOKENS":50000}`, "max_tokens", "50000"},
+		{"upper case first", `{"MAX_TOKENS":50000,"max_tokens":1}`, "max_tokens", "50000"},
+		{"Kelvin sign, escaped", `{"max_tokens":1,"max_to\u212Aens":50000}`, "max_tokens", "50000"},
+		{"Kelvin sign, UTF-8", "{\"max_tokens\":1,\"max_to\u212Aens\":50000}", "max_tokens", "50000"},
+		{"long s", "{\"max_tokens\":1,\"max_token\u017F\":50000}", "max_tokens", "50000"},
+		{"long s escaped", `{"max_tokens":1,"max_token\u017f":50000}`, "max_tokens", "50000"},
+		{"not a fold", `{"max_tokens":1,"max_tokenz":50000}`, "max_tokens", "1"},
+		{"number beside a string", `{"max_tokens":"x","Max_Tokens":7}`, "max_tokens", "7"},
+		{"exponent compared by value", `{"max_tokens":2e3,"MAX_TOKENS":1999}`, "max_tokens", "2e3"},
+		{"nested, folded at each level", `{"generationConfig":{"maxOutputTokens":5},"GENERATIONCONFIG":{"MAXOUTPUTTOKENS":800}}`, "generationConfig.maxOutputTokens", "800"},
+		{"array index", `{"a":[{"b":1},{"b":2,"B":9}]}`, "a.1.b", "9"},
+		{"string", `{"model":"gpt-4o"}`, "model", "gpt-4o"},
+		{"string decoded", `{"model":"gpt\u002d4o"}`, "model", "gpt-4o"},
+		{"same string twice", `{"model":"a","MODEL":"\u0061"}`, "model", "a"},
+		{"strings that disagree", `{"model":"cheap","MODEL":"dear"}`, "model", ""},
+		{"string and true", `{"stream":"true","Stream":true}`, "stream", ""},
+		{"literal", `{"stream":true}`, "stream", "true"},
+		{"null is no value", `{"model":"a","Model":null}`, "model", "a"},
+		{"object is no value", `{"model":{"x":1}}`, "model", ""},
+		{"missing", `{"messages":[]}`, "model", ""},
+		{"not JSON", `{"model":"a"`, "model", ""},
+		{"cut off after the colon", `{"model":`, "model", ""},
+		{"trailing bytes", `{"max_tokens":5}x`, "max_tokens", ""},
+		{"empty path", `{"":5}`, "", ""},
+	}
+	for _, c := range cases {
+		got, ok := RequestValue([]byte(c.doc), c.path)
+		if c.want == "" && ok {
+			t.Errorf("%s: RequestValue(%s, %s) = %q, want missing", c.name, c.doc, c.path, got)
+		}
+		if c.want != "" && (!ok || got != c.want) {
+			t.Errorf("%s: RequestValue(%s, %s) = %q, %v; want %q", c.name, c.doc, c.path, got, ok, c.want)
+		}
+	}
+}
+
+// FuzzRequestValue: the number RequestValue reads is never below what
+// encoding/json reads, into a map (the last key spelled exactly, as
+// JSON.parse and Python read) or into a struct (the last key that folds
+// to the field's name), and a string it reads is what both read.
+func FuzzRequestValue(f *testing.F) {
+	for _, seed := range []struct{ doc, path string }{
+		{`{"max_tokens":1,"MAX_TOKENS":50000}`, "max_tokens"},
+		{`{"max_tokens":1,"max_to\u212Aens":50000}`, "max_tokens"},
+		{"{\"max_tokens\":1,\"max_token\u017F\":50000}", "max_tokens"},
+		{`{"model":"a","MODEL":"b"}`, "model"},
+		{`{"model":"a","Model":"\u0061"}`, "model"},
+		{`{"stream":true}`, "stream"},
+	} {
+		f.Add([]byte(seed.doc), seed.path)
+	}
+	f.Fuzz(func(t *testing.T, doc []byte, path string) {
+		if path == "" || len(path) > 32 || strings.Trim(path, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_") != "" {
+			return // a name that is a valid struct tag
+		}
+		got, ok := RequestValue(doc, path)
+		var inMap map[string]any
+		mapErr := json.Unmarshal(doc, &inMap)
+		st := reflect.New(reflect.StructOf([]reflect.StructField{{
+			Name: "F", Type: reflect.TypeFor[any](), Tag: reflect.StructTag(`json:"` + path + `"`),
+		}}))
+		structErr := json.Unmarshal(doc, st.Interface())
+		for _, read := range []struct {
+			how string
+			v   any
+			err error
+		}{
+			{"into a map", inMap[path], mapErr},
+			{"into a struct", st.Elem().Field(0).Interface(), structErr},
+		} {
+			if read.err != nil {
+				continue
+			}
+			switch v := read.v.(type) {
+			case float64:
+				n, err := strconv.ParseFloat(got, 64)
+				if !ok || err != nil || n < v {
+					t.Fatalf("RequestValue(%q, %q) = %q, %v; encoding/json %s reads %v, more", doc, path, got, ok, read.how, v)
+				}
+			case string:
+				if ok && got != v {
+					if _, err := strconv.ParseFloat(got, 64); err != nil {
+						t.Fatalf("RequestValue(%q, %q) = %q; encoding/json %s reads %q", doc, path, got, read.how, v)
+					}
+				}
+			}
+		}
+	})
+}
+
+// BenchmarkRequestValue reads max_tokens after a 100 KB prompt: with the
+// document's validation (RequestValue) and without (ValidRequestValue, a
+// document validated once on reading), as the handler does per path.
+func BenchmarkRequestValue(b *testing.B) {
+	doc := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("tell me more ", 100<<10/13) + `"}],"max_tokens":300}`)
+	for _, c := range []struct {
+		name string
+		f    func([]byte, string) (string, bool)
+	}{{"validated", RequestValue}, {"walk", ValidRequestValue}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(doc)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if v, ok := c.f(doc, "max_tokens"); !ok || v != "300" {
+					b.Fatalf("got %q, %v", v, ok)
+				}
+			}
+		})
+	}
 }

@@ -3,13 +3,15 @@ package zoneconf
 import (
 	"fmt"
 	"strings"
+
+	"github.com/caddy-tollgate/tollgate/internal/costexpr"
 )
 
 // Response is a zone's count_response and cost_response, checked: what a
 // response settles a request's charge to.
 type Response struct {
-	// Cost is the cost_response template, or "".
-	Cost string
+	// Cost is the cost_response expression, or nil.
+	Cost *costexpr.Expr
 	// JSON are the dotted paths of the {http.rate_limit.response.json.*}
 	// placeholders in Cost: the numbers the body scanner looks for.
 	JSON []string
@@ -24,6 +26,10 @@ const ResponseHeaderPrefix = "http.response.header."
 // ResponseJSONPrefix starts the placeholders of a number in the response
 // body.
 const ResponseJSONPrefix = "http.rate_limit.response.json."
+
+// RequestSize is the placeholder of the size in bytes of the request's
+// JSON document, once read.
+const RequestSize = "http.rate_limit.request.size"
 
 // RequestJSONPrefix starts the placeholders of a number in the request's
 // JSON body.
@@ -57,6 +63,10 @@ func (zc *Zone) response(s *Settings) error {
 		if !strings.Contains(c, "{") {
 			return fmt.Errorf("cost_response: must be a placeholder template such as {http.response.header.X-Usage}, got %q", zc.CostResponse)
 		}
+		e, err := costexpr.Compile(c)
+		if err != nil {
+			return fmt.Errorf("cost_response: %w", err)
+		}
 		if err := s.Limit.CanSettle(); err != nil {
 			return fmt.Errorf("cost_response: %w", err)
 		}
@@ -64,9 +74,9 @@ func (zc *Zone) response(s *Settings) error {
 		if err != nil {
 			return fmt.Errorf("cost_response: %w", err)
 		}
-		rule.Cost, rule.JSON = c, paths
+		rule.Cost, rule.JSON = e, paths
 	}
-	rule.Headers = (zc.CountResponse && zc.CountHeaders) || strings.Contains(rule.Cost, "{"+ResponseHeaderPrefix)
+	rule.Headers = (zc.CountResponse && zc.CountHeaders) || strings.Contains(zc.CostResponse, "{"+ResponseHeaderPrefix)
 	s.Response = rule
 	return nil
 }

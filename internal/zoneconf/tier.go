@@ -80,7 +80,7 @@ func (zc *Zone) tierLimit(s *Settings, t *Tier) (*algorithms.Limit, error) {
 // is a 429 without Retry-After.
 func (zc *Zone) costFits(s *Settings, l algorithms.Limit, of string) error {
 	capacity := l.Capacity()
-	if s.CostTemplate == "" && s.Cost > capacity {
+	if s.CostExpr == nil && s.Cost > capacity {
 		return fmt.Errorf("cost: %s is above the %s's capacity of %d events (%s), so no request could ever be admitted",
 			strings.TrimSpace(zc.Cost), of, capacity/algorithms.Milli, CapacityField(l))
 	}

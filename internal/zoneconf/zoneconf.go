@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/costexpr"
 )
 
 // Zone is a zone's options, as the config gives them: the root package's
@@ -73,12 +74,19 @@ type Settings struct {
 	Tiers          map[string]*algorithms.Limit // each listed value's limit, nil for an unlimited one
 	Key            string
 	V4Bits, V6Bits int
-	CostTemplate   string // empty when the cost is constant
-	Cost           int64  // constant cost, milli
-	DefaultCost    int64  // milli
+	CostExpr       *costexpr.Expr // the cost when it reads placeholders, else nil
+	Cost           int64          // constant cost, milli
+	DefaultCost    int64          // milli
 	OnError        OnError
 	Response       *Response // count_response, cost_response; nil without them
-	RequestJSON    []string  // the paths of cost's {http.rate_limit.request.json.*}
+	// RequestJSON are the paths of the {http.rate_limit.request.json.*}
+	// placeholders in key, cost, tier_key and cost_response: a request the
+	// zone applies to has its JSON body read.
+	RequestJSON []string
+	// ReadsRequest: a request the zone applies to has its JSON body read
+	// (a {http.rate_limit.request.json.*} or {http.rate_limit.request.size}
+	// placeholder in those fields).
+	ReadsRequest bool
 }
 
 // OnError is what a zone does when its store cannot answer in time
@@ -185,6 +193,9 @@ func Parse(zc Zone) (Settings, error) {
 	if err := zc.response(&s); err != nil {
 		return s, err
 	}
+	if err := zc.requestJSON(&s); err != nil {
+		return s, err
+	}
 
 	switch zc.OnStorageError {
 	case "allow":
@@ -221,6 +232,22 @@ func (zc *Zone) keys(s *Settings) error {
 	return nil
 }
 
+// requestJSON checks the request-body placeholders of every field that
+// may name one, and notes their paths in s.
+func (zc *Zone) requestJSON(s *Settings) error {
+	for _, f := range [...]struct{ name, value string }{
+		{"key", zc.Key}, {"cost", zc.Cost}, {"tier_key", zc.TierKey}, {"cost_response", zc.CostResponse},
+	} {
+		paths, err := JSONPaths(f.value, RequestJSONPrefix)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
+		s.RequestJSON = append(s.RequestJSON, paths...)
+		s.ReadsRequest = s.ReadsRequest || len(paths) > 0 || strings.Contains(f.value, "{"+RequestSize+"}")
+	}
+	return nil
+}
+
 // costs checks and parses the zone's cost and default_cost into s, and
 // checks that they fit the zone's rate.
 func (zc *Zone) costs(s *Settings) error {
@@ -236,15 +263,25 @@ func (zc *Zone) costs(s *Settings) error {
 	case c == "":
 		s.Cost = algorithms.Milli
 	case strings.Contains(c, "{"):
-		s.CostTemplate = c
-		var err error
-		if s.RequestJSON, err = JSONPaths(c, RequestJSONPrefix); err != nil {
+		e, err := costexpr.Compile(c)
+		if err != nil {
 			return fmt.Errorf("cost: %w", err)
 		}
+		s.CostExpr = e
 	default:
 		m, ok := algorithms.ParseCost(c)
+		if !ok && strings.ContainsAny(c, "+-*/()") {
+			// A constant expression ("1000 * 4"): its value. Anything
+			// else ("-1") gets the error below.
+			if e, err := costexpr.Compile(c); err == nil {
+				f, isConst := e.Constant()
+				if m, ok = algorithms.CostMilli(f); !ok || !isConst {
+					return fmt.Errorf("cost: %q is not a finite number >= 0", zc.Cost)
+				}
+			}
+		}
 		if !ok {
-			return fmt.Errorf("cost: must be a finite number >= 0 or a placeholder template, got %q", zc.Cost)
+			return fmt.Errorf("cost: must be a finite number >= 0, a placeholder template or an expression, got %q", zc.Cost)
 		}
 		s.Cost = m
 	}

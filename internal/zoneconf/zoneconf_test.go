@@ -19,8 +19,8 @@ func TestParseDefaults(t *testing.T) {
 	if s.Key != DefaultKey || s.V4Bits != 32 || s.V6Bits != DefaultIPv6Prefix {
 		t.Errorf("key %q, prefixes /%d /%d, want %q, /32 /%d", s.Key, s.V4Bits, s.V6Bits, DefaultKey, DefaultIPv6Prefix)
 	}
-	if s.Cost != algorithms.Milli || s.DefaultCost != algorithms.Milli || s.CostTemplate != "" {
-		t.Errorf("cost %d, default %d, template %q, want 1 event each and no template", s.Cost, s.DefaultCost, s.CostTemplate)
+	if s.Cost != algorithms.Milli || s.DefaultCost != algorithms.Milli || s.CostExpr != nil {
+		t.Errorf("cost %d, default %d, expression %v, want 1 event each and no expression", s.Cost, s.DefaultCost, s.CostExpr)
 	}
 	if s.OnError != FailLocal || s.Slots != nil || s.Ban != nil || s.Tiers != nil || s.Response != nil {
 		t.Errorf("got %+v, want on_storage_error local and no guards, tiers or response", s)
@@ -49,8 +49,32 @@ func TestParseParts(t *testing.T) {
 	if len(s.RequestJSON) != 1 || s.RequestJSON[0] != "usage.tokens" {
 		t.Errorf("request JSON paths %q, want [usage.tokens]", s.RequestJSON)
 	}
-	if s.Response == nil || s.Response.Headers || s.Response.Cost != "" {
+	if s.Response == nil || s.Response.Headers || s.Response.Cost != nil {
 		t.Errorf("response %+v, want a status match that reads no header", s.Response)
+	}
+}
+
+// TestReadsRequest: a zone reads the request's JSON body when its key,
+// cost, tier_key or cost_response names a request placeholder.
+func TestReadsRequest(t *testing.T) {
+	for _, c := range []struct {
+		zone Zone
+		want bool
+	}{
+		{Zone{Events: 5, Window: time.Hour}, false},
+		{Zone{Events: 5, Window: time.Hour, Cost: "{http.request.header.W}"}, false},
+		{Zone{Events: 5, Window: time.Hour, Cost: "{http.rate_limit.request.size} / 4"}, true},
+		{Zone{Events: 5, Window: time.Hour, Key: "{http.rate_limit.request.json.model}"}, true},
+		{Zone{Events: 5, Window: time.Hour, TierKey: "{http.rate_limit.request.json.model}", Tiers: map[string]*Tier{"m": {Events: 1, Window: time.Hour}}}, true},
+		{Zone{Algorithm: "token_bucket", Events: 5, Window: time.Hour, CostResponse: "{http.rate_limit.response.json.usage.n} * {http.rate_limit.request.json.n}"}, true},
+	} {
+		s, err := Parse(c.zone)
+		if err != nil {
+			t.Fatalf("Parse(%+v): %v", c.zone, err)
+		}
+		if s.ReadsRequest != c.want {
+			t.Errorf("Parse(%+v): reads the request %v, want %v", c.zone, s.ReadsRequest, c.want)
+		}
 	}
 }
 
