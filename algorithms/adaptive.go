@@ -249,6 +249,7 @@ type AdaptiveState struct {
 	epochLo int64               // least baseline candidate in the current epoch; 0 none
 	left    int64               // windows left in the current epoch
 	probe   bool                // the current window is a probe
+	probeAt int64               // what a probe window admits
 	slow    bool                // slow start: the limit doubles a window until a queue shows
 	npool   int                 // windows in pooled
 	poolN   int64               // their samples
@@ -260,19 +261,21 @@ type AdaptiveState struct {
 // NewState returns a fresh state at now; seed sets the epoch jitter (give
 // each instance its own, so that instances do not re-measure in step).
 func (c *AdaptiveConfig) NewState(now int64, seed uint64) AdaptiveState {
-	// Slow start counts no epoch; the first one after it is short: the
-	// baseline of its few windows is the least trusted (an initial limit
-	// above the upstream's capacity learnt a queue as service time).
+	// The first epoch is short (a window of slow start that doubled
+	// counts in none): the baseline of its few windows is the least
+	// trusted (an initial limit above the upstream's capacity learnt a
+	// queue as service time).
 	return AdaptiveState{Limit: float64(c.Initial), Gradient: 1, start: now, rng: seed | 1, left: adaptiveReprobe, slow: true}
 }
 
 // Read returns the number of requests admitted in flight now: the limit,
-// or during a probe window the share of it (at least Floor) that lets an
-// upstream's queue drain so that its unqueued round trip shows.
+// or during a probe window half of it (or of what the window before used,
+// if that was less than half; at least Floor), which lets an upstream's
+// queue drain so that its unqueued round trip shows.
 func (c *AdaptiveConfig) Read(s *AdaptiveState) int64 {
 	l := int64(s.Limit)
 	if s.probe {
-		l = max(int64(s.Limit*adaptiveProbe), c.Floor)
+		l = s.probeAt
 	}
 	return l
 }
@@ -381,6 +384,7 @@ func (c *AdaptiveConfig) close(s *AdaptiveState) {
 		}
 	}
 	limit := s.Limit
+	doubled := false
 	switch {
 	case float64(s.drops) > adaptiveDropShare*float64(s.samples):
 		s.Gradient = 1
@@ -401,6 +405,7 @@ func (c *AdaptiveConfig) close(s *AdaptiveState) {
 				limit *= g
 			} else if 2*s.peak >= int64(limit) {
 				limit *= 2
+				doubled = true
 			}
 			break
 		}
@@ -435,7 +440,12 @@ func (c *AdaptiveConfig) close(s *AdaptiveState) {
 		}
 		return
 	}
-	if s.slow {
+	if doubled {
+		// A window that doubled the limit counts in no epoch: slow
+		// start's windows run at or under the capacity, and a probe
+		// would only delay it. One that could not (the traffic used
+		// less than half the limit) does: a limit set above what the
+		// clients send, with all of them queued, is probed.
 		return
 	}
 	s.left--
@@ -450,6 +460,14 @@ func (c *AdaptiveConfig) close(s *AdaptiveState) {
 	// limit that starts or stays above the upstream's capacity would
 	// learn the queue as service time and never see it.
 	s.probe = true
+	// Half the limit; or, when the window used less than half of it (a
+	// limit above what the clients send), half of what it used: half
+	// the limit would admit them all and drain nothing.
+	used := s.Limit
+	if 2*s.peak < int64(s.Limit) {
+		used = float64(s.peak)
+	}
+	s.probeAt = max(int64(used*adaptiveProbe), c.Floor)
 }
 
 // pool adds a window's recent of n samples to the pool, and returns the

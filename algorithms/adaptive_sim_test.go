@@ -268,6 +268,37 @@ func TestAdaptiveSimulationCapacities(t *testing.T) {
 	}
 }
 
+// TestAdaptiveSimulationInitialAbove: an initial limit of 20 (set by
+// hand) above an upstream of 2 or 4 workers of 100 ms whose 16 or 32
+// clients are all queued from the first window: the queue never empties,
+// and the baseline learnt is the queue's. Slow start doubles the limit
+// to 40, which the clients never fill; such windows count in the epoch,
+// and its probe admits half of what the window used, not half the limit
+// (which would admit every client and drain nothing). From 30 s on the
+// in flight and latency are within the bounds of the defaults'. Before,
+// 2 workers stayed at 8 C in flight for good.
+func TestAdaptiveSimulationInitialAbove(t *testing.T) {
+	c, err := NewAdaptive(AdaptiveConfig{Initial: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sec, S = 1_000_000, 100 * ms
+	for _, C := range []int{2, 4} {
+		run := simulateAt(t, &c, []simPhase{{60 * sec, C}}, 1, false, S)
+		sp := run.spans[0]
+		in := median(afterSkip(sp.inflight, 3000))
+		from, _ := slices.BinarySearch(sp.ends, 30*sec)
+		lat := median(sp.latencies[from:])
+		t.Logf("C=%d: from 30 s in-flight median %d (%.2fC), latency median %.2fS", C, in, float64(in)/float64(C), float64(lat)/float64(S))
+		if lo, hi := 0.7*float64(C), 1.6*float64(C); float64(in) < lo || float64(in) > hi {
+			t.Errorf("C=%d, initial 20: in-flight median %d from 30 s on, want within [%.1f, %.1f]", C, in, lo, hi)
+		}
+		if float64(lat) > 1.6*float64(S) {
+			t.Errorf("C=%d, initial 20: latency median %d µs from 30 s on, want at most 1.6 x %d", C, lat, S)
+		}
+	}
+}
+
 // TestAdaptiveSimulationUnlimited is the same upstream with every request
 // admitted: the queue holds the 8C clients and latency is about 8 S.
 func TestAdaptiveSimulationUnlimited(t *testing.T) {
