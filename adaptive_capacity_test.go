@@ -1,9 +1,11 @@
 package tollgate
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -90,7 +92,14 @@ type loadRun struct {
 	wg      sync.WaitGroup
 }
 
-func startLoad(t *testing.T, client *http.Client, url string, clients int, up *fixedCapacity) *loadRun {
+func startLoad(t *testing.T, url string, clients int, up *fixedCapacity) *loadRun {
+	// A connection kept per client: caddytest's client keeps 2 idle
+	// connections, so each of 256 clients would dial (and log) anew at
+	// almost every request, work enough on 2 cores to lift the round
+	// trips the controller reads.
+	tr := &http.Transport{MaxIdleConns: clients, MaxIdleConnsPerHost: clients}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
 	l := &loadRun{samples: map[string]*loadSample{}, stop: make(chan struct{})}
 	l.setPhase("warmup")
 	for i := 0; i < clients; i++ {
@@ -215,29 +224,42 @@ func adaptiveLimit(t *testing.T, zone string) int64 {
 	return 0
 }
 
-// TestAdaptiveFindsCapacity: an upstream of C workers and a fixed service
-// time, 8C clients. Behind a zone of concurrency adaptive with its
-// defaults, the upstream's in flight settles near C, the admitted
-// requests' latency near the service time, and the goodput near the
-// capacity; when the capacity halves the limit follows within 10 s, and
-// when it returns the limit grows back. Without the zone, the same load
-// queues 8C deep at the upstream.
+// TestAdaptiveFindsCapacity: an upstream of C workers (C = 2, 4, 8 and
+// 32) of a fixed service time, 8C clients. Behind a zone of concurrency
+// adaptive with its defaults, from 10 s after the start, after a halving
+// of the capacity and after its return, the upstream's in flight is
+// within 0.7-1.6 C, the admitted requests' latency within 1.6 service
+// times and the goodput at least 80% of the capacity (after the halving
+// of C = 2, to one worker, only logged); the limit follows the halving
+// within 10 s. Without the zone, the same load queues 8C deep
+// at the upstream.
+//
+// It asserts latencies and goodput measured on the machine's clock: a
+// timed test, run only when TOLLGATE_CAPACITY is set, alone (beside other
+// tests a loaded machine adds its own latency, which the controller takes
+// for queueing); the controller's properties are in the default suite on
+// a simulated clock (algorithms/adaptive_sim_test.go).
 func TestAdaptiveFindsCapacity(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a 45-second load run")
+	if os.Getenv("TOLLGATE_CAPACITY") == "" {
+		t.Skip("a timed load run of 4 minutes: run it alone with TOLLGATE_CAPACITY=1 go test -run TestAdaptiveFindsCapacity -v . (TOLLGATE_TEST_ADMIN_PORT and TOLLGATE_CAPACITY_PORT move its ports)")
 	}
-	const (
-		workers = 8
-		// A service time well above what a loaded test machine adds
-		// to a request through Caddy (tens of ms under the race
-		// detector beside other packages' tests), which the controller
-		// would take for queueing.
-		service = 100 * time.Millisecond
-		clients = 8 * workers
-	)
+	// The site's port: 9280, or TOLLGATE_CAPACITY_PORT, so that with
+	// TOLLGATE_TEST_ADMIN_PORT the run needs no port of another test's.
+	port := "9280"
+	if p := os.Getenv("TOLLGATE_CAPACITY_PORT"); p != "" {
+		port = p
+	}
+	url := "http://localhost:" + port + "/"
+	// judged is how long each phase is measured, from its 10th second:
+	// 200 answers at 2 workers, so that one probe window (half the limit
+	// for a second or two) does not decide the goodput.
+	const judged = 10 * time.Second
+	// A service time well above what a loaded machine adds to a request
+	// through Caddy, which the controller would take for queueing.
+	const service = 100 * time.Millisecond
 	site := func(up, zone string) string {
 		return globalOptions + `
-		localhost:9080 {
+		http://localhost:` + port + ` {
 			` + zone + `
 			reverse_proxy ` + strings.TrimPrefix(up, "http://") + `
 		}`
@@ -261,10 +283,11 @@ func TestAdaptiveFindsCapacity(t *testing.T) {
 	}
 
 	t.Run("without the zone", func(t *testing.T) {
+		const workers = 8
 		up := newFixedCapacity(t, workers, service)
 		tester := caddytest.NewTester(t)
 		tester.InitServer(site(up.URL, ""), "caddyfile")
-		load := startLoad(t, tester.Client, base+"/", clients, up)
+		load := startLoad(t, url, 8*workers, up)
 		time.Sleep(2 * time.Second)
 		load.setPhase("queued")
 		time.Sleep(3 * time.Second)
@@ -277,61 +300,78 @@ func TestAdaptiveFindsCapacity(t *testing.T) {
 		}
 	})
 
-	t.Run("with the zone", func(t *testing.T) {
-		followRealTime(t)
-		up := newFixedCapacity(t, workers, service)
-		tester := caddytest.NewTester(t)
-		tester.InitServer(site(up.URL, `rate_limit {
-				zone upstream {
+	for _, workers := range []int{2, 4, 8, 32} {
+		t.Run(fmt.Sprintf("C=%d", workers), func(t *testing.T) {
+			followRealTime(t)
+			up := newFixedCapacity(t, workers, service)
+			tester := caddytest.NewTester(t)
+			// A zone of its own: a zone of the same name and settings
+			// would keep the last subtest's state across the reload.
+			zone := fmt.Sprintf("upstream%d", workers)
+			tester.InitServer(site(up.URL, `rate_limit {
+				zone `+zone+` {
 					key upstream
 					concurrency adaptive
 				}
 			}`), "caddyfile")
-		load := startLoad(t, tester.Client, base+"/", clients, up)
+			load := startLoad(t, url, 8*workers, up)
 
-		// From the initial limit (20, above the capacity) the first
-		// probes find the queue the first windows learnt as service
-		// time: about 15 windows.
-		time.Sleep(16 * time.Second)
-		t.Logf("after 16 s: %+v", adaptiveKey(t, "upstream", "upstream"))
-		load.setPhase("full")
-		time.Sleep(5 * time.Second)
-		load.setPhase("halving")
-		up.setWorkers(workers / 2)
-		halved := time.Now()
-		followed := time.Duration(-1)
-		for time.Since(halved) < 12*time.Second && (followed < 0 || time.Since(halved) < followed+3*time.Second) {
-			if l := adaptiveLimit(t, "upstream"); followed < 0 && float64(l) <= 1.6*workers/2 {
-				followed = time.Since(halved)
-				load.setPhase("half")
+			// From the initial limit (2) slow start doubles the limit
+			// a window until a queue shows. Each phase is judged from
+			// its 10th second.
+			time.Sleep(10 * time.Second)
+			t.Logf("after 10 s: %+v", adaptiveKey(t, zone, "upstream"))
+			load.setPhase("full")
+			time.Sleep(judged)
+
+			load.setPhase("halving")
+			up.setWorkers(workers / 2)
+			followed := watchLimit(t, zone, func(l int64) bool { return float64(l) <= 1.6*float64(workers/2) })
+			load.setPhase("half")
+			time.Sleep(judged)
+
+			load.setPhase("restoring")
+			up.setWorkers(workers)
+			grown := watchLimit(t, zone, func(l int64) bool { return l >= int64(workers) })
+			load.setPhase("full again")
+			time.Sleep(judged)
+			load.end()
+
+			check(t, "at capacity", load.sample("full"), workers)
+			if followed < 0 {
+				t.Errorf("capacity halved to %d: the limit did not come within 1.6x of it in 10 s", workers/2)
+			} else {
+				t.Logf("capacity halved to %d: the limit came within 1.6x of it after %s", workers/2, followed.Round(100*time.Millisecond))
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		load.setPhase("restored")
-		up.setWorkers(workers)
-		restored := time.Now()
-		var grown int64
-		for time.Since(restored) < 12*time.Second && float64(grown) < 0.8*workers {
-			grown = max(grown, adaptiveLimit(t, "upstream"))
-			time.Sleep(100 * time.Millisecond)
-		}
-		t.Logf("capacity restored to %d: the limit grew back to %d after %s", workers, grown, time.Since(restored).Round(100*time.Millisecond))
-		load.setPhase("full again")
-		time.Sleep(4 * time.Second)
-		load.end()
+			if half := load.sample("half"); workers/2 >= 2 {
+				check(t, "at half capacity", half, workers/2)
+			} else {
+				// One worker: a limit of 2 is twice its capacity, and
+				// the limit's growth from 1 reaches 2 before the next
+				// cut: it alternates, and the issue's range is C >= 2.
+				t.Logf("at half capacity (1 worker, not judged): upstream in flight median %d, admitted latency median %s",
+					medianOf(half.inFlight), medianOf(half.latencies).Round(time.Millisecond))
+			}
+			if grown < 0 {
+				t.Logf("capacity restored to %d: the limit did not reach it again in 10 s", workers)
+			} else {
+				t.Logf("capacity restored to %d: the limit reached it again after %s", workers, grown.Round(100*time.Millisecond))
+			}
+			check(t, "capacity restored", load.sample("full again"), workers)
+		})
+	}
+}
 
-		check(t, "at capacity", load.sample("full"), workers)
-		if followed < 0 || followed > 10*time.Second {
-			t.Errorf("capacity halved to %d: the limit did not come within 1.6x of it in 10 s (followed after %s)", workers/2, followed)
-		} else {
-			t.Logf("capacity halved to %d: the limit came within 1.6x of it after %s", workers/2, followed.Round(100*time.Millisecond))
+// watchLimit reads the zone's limit every 100 ms for 10 s, and returns how
+// long it took to satisfy reached, or -1.
+func watchLimit(t *testing.T, zone string, reached func(int64) bool) time.Duration {
+	t.Helper()
+	start, at := time.Now(), time.Duration(-1)
+	for time.Since(start) < 10*time.Second {
+		if at < 0 && reached(adaptiveLimit(t, zone)) {
+			at = time.Since(start)
 		}
-		if s := load.sample("half"); s != nil && len(s.inFlight) > 0 {
-			t.Logf("at half capacity: upstream in flight median %d, admitted latency median %s", medianOf(s.inFlight), medianOf(s.latencies).Round(time.Millisecond))
-		}
-		if float64(grown) < 0.8*workers {
-			t.Errorf("capacity restored to %d: the limit grew back only to %d", workers, grown)
-		}
-		check(t, "capacity restored", load.sample("full again"), workers)
-	})
+		time.Sleep(100 * time.Millisecond)
+	}
+	return at
 }

@@ -256,6 +256,7 @@ func TestAdaptiveLearnsWhatTheUpstreamSaid(t *testing.T) {
 				concurrency adaptive {
 					window 1ms
 					min_samples 1
+					initial 20
 				}
 			}
 		}

@@ -104,7 +104,7 @@ func TestBadValuesFailAtAdapt(t *testing.T) {
 		{"adaptive max below min", "zone z {\n\tconcurrency adaptive { # <-\n\t\tmin 10\n\t\tmax 5\n\t}\n}",
 			`"rate_limits": {"z": {"concurrency_adaptive": {"min": 10, "max": 5}}}`, "concurrency adaptive: max: must be in [min (10), 1099511627776], got 5"},
 		{"adaptive initial above max", "zone z {\n\tconcurrency adaptive { # <-\n\t\tmax 10\n\t\tinitial 50\n\t}\n}",
-			`"rate_limits": {"z": {"concurrency_adaptive": {"max": 10, "initial": 50}}}`, "concurrency adaptive: initial: must be in [min (4), max (10)], got 50"},
+			`"rate_limits": {"z": {"concurrency_adaptive": {"max": 10, "initial": 50}}}`, "concurrency adaptive: initial: must be in [min (1), max (10)], got 50"},
 		{"adaptive percentile 1", "zone z {\n\trate 5/s\n\tconcurrency adaptive { # <-\n\t\tpercentile 1\n\t}\n}",
 			`"rate_limits": {"z": {"events": 5, "window": "1s", "concurrency_adaptive": {"percentile": 1}}}`, "concurrency adaptive: percentile: must be in (0, 1), got 1"},
 		{"adaptive tolerance below 1", "zone z {\n\tconcurrency adaptive { # <-\n\t\ttolerance 0.5\n\t}\n}",

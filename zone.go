@@ -176,11 +176,12 @@ type Zone struct {
 // Adaptive is concurrency adaptive's settings: each zero field is its
 // default, chosen for a typical HTTP upstream (see docs/reference.md).
 type Adaptive struct {
-	// Min is the least limit, whatever the latency says. Default: 4.
+	// Min is the least limit, whatever the latency says. Default: 1.
 	Min int64 `json:"min,omitempty"`
 	// Max is the greatest limit. Default: 1000.
 	Max int64 `json:"max,omitempty"`
-	// Initial is the limit before the first window closes. Default: 20.
+	// Initial is the limit before the first window closes, where slow
+	// start (doubling a window until a queue shows) begins. Default: 2.
 	Initial int64 `json:"initial,omitempty"`
 	// Window is a sample window's least length. Default: 1s.
 	Window caddy.Duration `json:"window,omitempty"`

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"time"
 )
 
@@ -16,13 +17,24 @@ import (
 //	           (limit * 1.5 while recent shows no queue at all)
 //	limit'   = limit + share * (target - limit)
 //
-// where recent is the window's Percentile round trip and baseline the least
-// recent of the last epoch of windows and of its probe (the round trip of
-// an upstream that is not queueing). The share is Smoothing (0.2) for
-// growth and a half for a decrease, so that the limit backs off within a
-// few windows and creeps back up, within [Floor, Ceiling]. See
-// docs/design.md, "Adaptive concurrency: the controller", for the faults of
-// Envoy's and Netflix's controllers that this one avoids.
+// where recent is the window's Percentile round trip and baseline the
+// round trip of an upstream that is not queueing: the least of the last
+// epoch's candidates (the median recent of windows pooled up to 100 round
+// trips) and of its probe. The share is Smoothing (0.2) for growth and a
+// half for a decrease, so that the limit backs off within a few windows
+// and creeps back up, within [Floor, Ceiling]. A window whose limit could
+// queue less than one request at the upstream (limit * (1 - baseline /
+// recent) < 1) is not cut: a small limit's round trips above the
+// tolerance are the service time's noise.
+//
+// It starts in slow start, as TCP: from Initial (2) the limit doubles each
+// window while the gradient is 1, and the first window that shows a queue
+// takes the whole cut (target), which ends slow start. So a small
+// upstream is not flooded before the first window has taught anything,
+// and the baseline is learnt while nothing queues.
+//
+// See docs/design.md, "Adaptive concurrency: the controller", for the
+// faults of Envoy's and Netflix's controllers that this one avoids.
 //
 // The controller is pure like the rest of the package: AdaptiveConfig.Admit,
 // End and Read take the state (and End now, in µs); they read no clock,
@@ -46,19 +58,22 @@ const (
 // Defaults of AdaptiveConfig, chosen for a typical HTTP upstream (round
 // trips of 1 ms to a few seconds, tens to thousands of requests a second).
 const (
-	// DefaultAdaptiveFloor keeps a few requests flowing whatever the
+	// DefaultAdaptiveFloor is 1: a request keeps flowing whatever the
 	// latency says, so that the controller always has samples to recover
-	// from, and a floor too high to protect anything is not the default.
-	DefaultAdaptiveFloor int64 = 4
+	// from, and an upstream of one or two workers is not held above its
+	// capacity by the floor (a floor of 4 kept an upstream of 2 at twice
+	// its service time).
+	DefaultAdaptiveFloor int64 = 1
 	// DefaultAdaptiveCeiling bounds the limit at what one instance can
 	// sensibly hold in flight to one upstream.
 	DefaultAdaptiveCeiling int64 = 1000
-	// DefaultAdaptiveInitial is where the limit starts before any window
-	// has taught it: a small upstream's few workers are not flooded, and
-	// a large one is reached in about 20 windows (growth without a queue
-	// is a tenth of the limit per window; above capacity, the first
-	// probes bring it down).
-	DefaultAdaptiveInitial int64 = 20
+	// DefaultAdaptiveInitial is where slow start begins: 2 is at or below
+	// the capacity of any upstream that serves two requests at once, so
+	// the first windows learn the unqueued round trip; doubling a window
+	// reaches an upstream of 64 workers in 6 windows. (An initial limit
+	// above the capacity learns the queue as service time, which only a
+	// probe undoes.)
+	DefaultAdaptiveInitial int64 = 2
 	// DefaultAdaptiveWindow is one second: short enough to follow a load
 	// step within a few seconds, long enough to hold a percentile.
 	DefaultAdaptiveWindow = time.Second
@@ -111,6 +126,14 @@ const (
 	// found a queue, in windows: time for the cuts of the lower baseline
 	// to take effect before the next probe.
 	adaptiveReprobe = 5
+	// adaptivePoolSamples is how many samples the windows pooled for a
+	// baseline candidate hold: the p90 of 20 samples of an upstream whose
+	// service time varies is too noisy for the least of them to be the
+	// baseline (it would sit far below the typical window's recent, and
+	// the limit would be cut for noise); the median of 5 is not.
+	adaptivePoolSamples = 100
+	// adaptivePool is the most windows pooled for a candidate.
+	adaptivePool = 5
 	// maxRTT bounds a round trip in the histogram: 2^40 µs, 12 days.
 	maxRTT int64 = 1 << 40
 	// rttBuckets is the histogram's size: 8 buckets per power of two up
@@ -122,10 +145,10 @@ const (
 // AdaptiveConfig is an adaptive concurrency limit's configuration. Build it
 // with NewAdaptive, which fills in defaults and validates it.
 type AdaptiveConfig struct {
-	// Floor and Ceiling bound the limit. Defaults: 4 and 1000.
+	// Floor and Ceiling bound the limit. Defaults: 1 and 1000.
 	Floor, Ceiling int64
-	// Initial is the limit before the first window closes. Default 20
-	// (within [Floor, Ceiling]).
+	// Initial is the limit before the first window closes, where slow
+	// start begins. Default 2 (within [Floor, Ceiling]).
 	Initial int64
 	// Window is a sample window's least length in µs; a window closes at
 	// the first round trip after both Window and MinSamples are reached.
@@ -219,32 +242,40 @@ type AdaptiveState struct {
 	// Windows counts the windows that closed.
 	Windows int64
 
-	start   int64  // start of the current window, µs
-	samples int64  // OK and Drop ends in the window
-	drops   int64  // Drop ends in the window
-	peak    int64  // most requests in flight during the window
-	epochLo int64  // least window recent in the current epoch; 0 none
-	left    int64  // windows left in the current epoch
-	probe   bool   // the current window is a probe
-	rng     uint64 // xorshift state of the epoch jitter
+	start   int64               // start of the current window, µs
+	samples int64               // OK and Drop ends in the window
+	drops   int64               // Drop ends in the window
+	peak    int64               // most requests in flight during the window
+	epochLo int64               // least baseline candidate in the current epoch; 0 none
+	left    int64               // windows left in the current epoch
+	probe   bool                // the current window is a probe
+	probeAt int64               // what a probe window admits
+	slow    bool                // slow start: the limit doubles a window until a queue shows
+	npool   int                 // windows in pooled
+	poolN   int64               // their samples
+	pooled  [adaptivePool]int64 // recents of the windows pooled for a candidate
+	rng     uint64              // xorshift state of the epoch jitter
 	hist    [rttBuckets]uint32
 }
 
 // NewState returns a fresh state at now; seed sets the epoch jitter (give
 // each instance its own, so that instances do not re-measure in step).
 func (c *AdaptiveConfig) NewState(now int64, seed uint64) AdaptiveState {
-	// The first epoch is short: the first windows' baseline is the least
-	// trusted, as the initial limit may be above the upstream's capacity.
-	return AdaptiveState{Limit: float64(c.Initial), Gradient: 1, start: now, rng: seed | 1, left: adaptiveReprobe}
+	// The first epoch is short (a window of slow start that doubled
+	// counts in none): the baseline of its few windows is the least
+	// trusted (an initial limit above the upstream's capacity learnt a
+	// queue as service time).
+	return AdaptiveState{Limit: float64(c.Initial), Gradient: 1, start: now, rng: seed | 1, left: adaptiveReprobe, slow: true}
 }
 
 // Read returns the number of requests admitted in flight now: the limit,
-// or during a probe window the share of it (at least Floor) that lets an
-// upstream's queue drain so that its unqueued round trip shows.
+// or during a probe window half of it (or of what the window before used,
+// if that was less than half; at least Floor), which lets an upstream's
+// queue drain so that its unqueued round trip shows.
 func (c *AdaptiveConfig) Read(s *AdaptiveState) int64 {
 	l := int64(s.Limit)
 	if s.probe {
-		l = max(int64(s.Limit*adaptiveProbe), c.Floor)
+		l = s.probeAt
 	}
 	return l
 }
@@ -324,26 +355,60 @@ func (c *AdaptiveConfig) close(s *AdaptiveState) {
 	lo := s.epochLo
 	if oks > 0 {
 		s.Recent = c.percentile(s, oks)
-		// The baseline falls at once to a lower recent; it rises only at
-		// the end of an epoch (below).
-		if s.Baseline == 0 || s.Recent < s.Baseline {
-			s.Baseline = s.Recent
+		// The baseline falls at once to a lower candidate; it rises only
+		// at the end of an epoch (below). In slow start a window's recent
+		// is a candidate (its few windows have to learn fast); past it,
+		// the median recent of windows pooled up to adaptivePoolSamples.
+		// A probe of fewer samples is a candidate only if it found a
+		// queue (below the epoch's by more than the tolerance), not for
+		// a p90 low by chance.
+		cand := s.Recent
+		switch {
+		case wasProbe:
+			if oks < adaptivePoolSamples && s.epochLo > 0 && c.Tolerance*float64(s.Recent) >= float64(s.epochLo) {
+				cand = 0
+			}
+		case !s.slow:
+			cand = s.pool(s.Recent, oks)
 		}
-		if s.epochLo == 0 || s.Recent < s.epochLo {
-			s.epochLo = s.Recent
+		if s.Baseline == 0 {
+			s.Baseline = s.Recent // the first window's, whatever else
+		}
+		if cand > 0 {
+			if cand < s.Baseline {
+				s.Baseline = cand
+			}
+			if s.epochLo == 0 || cand < s.epochLo {
+				s.epochLo = cand
+			}
 		}
 	}
 	limit := s.Limit
+	doubled := false
 	switch {
 	case float64(s.drops) > adaptiveDropShare*float64(s.samples):
 		s.Gradient = 1
+		s.slow = false
 		limit *= adaptiveDecrease
 	case wasProbe || oks == 0:
 		// A probe admitted less than the limit: its latency is the
 		// baseline's, not the limit's.
 	default:
 		g := min(max(c.Tolerance*float64(s.Baseline)/float64(s.Recent), adaptiveMinGradient), 1)
+		if g < 1 && limit*(1-float64(s.Baseline)/float64(s.Recent)) < 1 {
+			g = 1
+		}
 		s.Gradient = g
+		if s.slow {
+			if g < 1 {
+				s.slow = false
+				limit *= g
+			} else if 2*s.peak >= int64(limit) {
+				limit *= 2
+				doubled = true
+			}
+			break
+		}
 		if g < 1 {
 			limit *= 1 - adaptiveCut*(1-g)
 		} else if 2*s.peak >= int64(limit) {
@@ -375,21 +440,54 @@ func (c *AdaptiveConfig) close(s *AdaptiveState) {
 		}
 		return
 	}
+	if doubled {
+		// A window that doubled the limit counts in no epoch: slow
+		// start's windows run at or under the capacity, and a probe
+		// would only delay it. One that could not (the traffic used
+		// less than half the limit) does: a limit set above what the
+		// clients send, with all of them queued, is probed.
+		return
+	}
 	s.left--
 	if s.left > 0 {
 		return
 	}
 	// The epoch ended: the next window is a probe at half the limit,
-	// and the baseline becomes the least recent of the epoch and the
+	// and the baseline becomes the least candidate of the epoch and the
 	// probe. An upstream that was queueing all epoch drains in the probe
 	// and shows its service time; one that is slower for good (a deploy)
 	// stays slow, and the baseline follows it. Without the probe, a
 	// limit that starts or stays above the upstream's capacity would
 	// learn the queue as service time and never see it.
 	s.probe = true
+	// Half the limit; or, when the window used less than half of it (a
+	// limit above what the clients send), half of what it used: half
+	// the limit would admit them all and drain nothing.
+	used := s.Limit
+	if 2*s.peak < int64(s.Limit) {
+		used = float64(s.peak)
+	}
+	s.probeAt = max(int64(used*adaptiveProbe), c.Floor)
 }
 
-// newEpoch sets the baseline to the epoch's least recent and starts the
+// pool adds a window's recent of n samples to the pool, and returns the
+// median recent of the pooled windows once they hold adaptivePoolSamples
+// samples or adaptivePool windows (emptying the pool), else 0.
+func (s *AdaptiveState) pool(recent, n int64) int64 {
+	s.pooled[s.npool] = recent
+	s.npool++
+	s.poolN += n
+	if s.poolN < adaptivePoolSamples && s.npool < adaptivePool {
+		return 0
+	}
+	p := s.pooled[:s.npool]
+	slices.Sort(p)
+	m := p[len(p)/2]
+	s.npool, s.poolN = 0, 0
+	return m
+}
+
+// newEpoch sets the baseline to the epoch's least candidate and starts the
 // next epoch.
 func (c *AdaptiveConfig) newEpoch(s *AdaptiveState) {
 	if s.epochLo > 0 {

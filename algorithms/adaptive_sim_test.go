@@ -14,7 +14,7 @@ import (
 // next as soon as it is answered, and back off one S after a refusal. The
 // clock is the event queue's; nothing here reads time.
 
-// simS is the service time.
+// simS is the service time of the runs at 10 ms.
 const simS int64 = 10 * ms
 
 type simEvent struct {
@@ -64,6 +64,12 @@ type simRun struct {
 // Client i first sends at a seeded random instant in the first S. A noisy
 // upstream's service time is S/2 plus an exponential of mean S/2.
 func simulate(t *testing.T, c *AdaptiveConfig, phases []simPhase, seed uint64, noisy bool) simRun {
+	t.Helper()
+	return simulateAt(t, c, phases, seed, noisy, simS)
+}
+
+// simulateAt is simulate with a service time of simS µs.
+func simulateAt(t *testing.T, c *AdaptiveConfig, phases []simPhase, seed uint64, noisy bool, simS int64) simRun {
 	t.Helper()
 	var s AdaptiveState
 	if c != nil {
@@ -147,11 +153,9 @@ func afterSkip[T any](xs []T, skip int) []T { return xs[min(skip, len(xs)):] }
 
 // TestAdaptiveSimulation runs an upstream at capacity C for 30 s, at C/2
 // for 30 s, and at C again for 40 s, with the controller at its defaults
-// (whose initial limit, 20, is above C=8 and far below C=100). Each phase
-// is judged after 10 s (25 s for the last: growing back is slower than
-// backing off; and 20 s for the first at C=100, which takes about 18 s to
-// grow from 20); goodput is over the whole phase at C=32, and over its
-// judged part for the others.
+// (slow start from 2). Each phase is judged from its 10th second; goodput
+// is over the whole phase at C=32, and over its judged part for the
+// others.
 func TestAdaptiveSimulation(t *testing.T) {
 	c, err := NewAdaptive(AdaptiveConfig{})
 	if err != nil {
@@ -169,12 +173,6 @@ func TestAdaptiveSimulation(t *testing.T) {
 		for i, p := range phases {
 			sp := run.spans[i]
 			skip := 1000 // 10 s of 10 ms ticks
-			if i == 2 {
-				skip = 2500
-			}
-			if i == 0 && C == 100 {
-				skip = 2000
-			}
 			from := int64(0)
 			if i > 0 {
 				from = phases[i-1].until
@@ -215,6 +213,92 @@ func TestAdaptiveSimulation(t *testing.T) {
 	}
 }
 
+// TestAdaptiveSimulationCapacities: upstreams of C = 2 to 64 workers of
+// 100 ms (the service time of the Caddy test, adaptive_capacity_test.go:
+// a small upstream's few requests a second make windows of few samples),
+// at C for 30 s, at C/2 for 30 s and at C again for 40 s, with every
+// default. Within 10 s of the start, of the halving and of the return
+// (each phase judged from its 10th second), the upstream's in flight is
+// within 0.7-1.6 C and the admitted round trip within 1.6 service times,
+// and the limit grows back to C once the capacity returns. The defaults
+// of before (initial 20, min 4) held an upstream of 2 workers at 8 C
+// (every client queued: the first window learnt the queue as service
+// time) and stayed at min 4 for 2 workers after a halving from 4.
+func TestAdaptiveSimulationCapacities(t *testing.T) {
+	c, err := NewAdaptive(AdaptiveConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sec, S = 1_000_000, 100 * ms
+	for _, C := range []int{2, 4, 8, 16, 32, 64} {
+		for _, seed := range []uint64{1, 2} {
+			phases := []simPhase{{30 * sec, C}, {60 * sec, C / 2}, {100 * sec, C}}
+			run := simulateAt(t, &c, phases, seed, false, S)
+			name := fmt.Sprintf("C=%d seed %d", C, seed)
+			for i, p := range phases {
+				const skip = 1000 // 10 s of 10 ms ticks
+				sp := run.spans[i]
+				from := int64(0)
+				if i > 0 {
+					from = phases[i-1].until
+				}
+				in := median(afterSkip(sp.inflight, skip))
+				judgedFrom, _ := slices.BinarySearch(sp.ends, from+10*sec)
+				judged := sp.latencies[judgedFrom:]
+				lat := median(judged)
+				goodput := float64(len(judged)) / (float64(p.until-from-10*sec) / sec) / (float64(p.workers) * sec / float64(S))
+				t.Logf("%s phase %d (C=%d): in-flight median %d (%.2fC), latency median %.2fS, goodput %.0f%% of C/S, limit median %d",
+					name, i, p.workers, in, float64(in)/float64(p.workers), float64(lat)/float64(S), 100*goodput, median(afterSkip(sp.limits, skip)))
+				if lo, hi := 0.7*float64(p.workers), 1.6*float64(p.workers); float64(in) < lo || float64(in) > hi {
+					t.Errorf("%s phase %d: upstream in-flight median %d from 10 s on, want within [%.1f, %.1f]", name, i, in, lo, hi)
+				}
+				if float64(lat) > 1.6*float64(S) {
+					t.Errorf("%s phase %d: admitted latency median %d µs from 10 s on, want at most 1.6 x %d", name, i, lat, S)
+				}
+				if goodput < 0.8 {
+					t.Errorf("%s phase %d: goodput %.0f%% of capacity, want at least 80%%", name, i, 100*goodput)
+				}
+			}
+			back := int(phases[1].until / (10 * ms))
+			grown := slices.IndexFunc(run.limitAt[back:], func(l int64) bool { return l >= int64(C) })
+			if grown < 0 || grown > 1000 {
+				t.Errorf("%s: the limit did not grow back to C within 10 s of the capacity's return (10 ms ticks: %d)", name, grown)
+			}
+		}
+	}
+}
+
+// TestAdaptiveSimulationInitialAbove: an initial limit of 20 (set by
+// hand) above an upstream of 2 or 4 workers of 100 ms whose 16 or 32
+// clients are all queued from the first window: the queue never empties,
+// and the baseline learnt is the queue's. Slow start doubles the limit
+// to 40, which the clients never fill; such windows count in the epoch,
+// and its probe admits half of what the window used, not half the limit
+// (which would admit every client and drain nothing). From 30 s on the
+// in flight and latency are within the bounds of the defaults'. Before,
+// 2 workers stayed at 8 C in flight for good.
+func TestAdaptiveSimulationInitialAbove(t *testing.T) {
+	c, err := NewAdaptive(AdaptiveConfig{Initial: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sec, S = 1_000_000, 100 * ms
+	for _, C := range []int{2, 4} {
+		run := simulateAt(t, &c, []simPhase{{60 * sec, C}}, 1, false, S)
+		sp := run.spans[0]
+		in := median(afterSkip(sp.inflight, 3000))
+		from, _ := slices.BinarySearch(sp.ends, 30*sec)
+		lat := median(sp.latencies[from:])
+		t.Logf("C=%d: from 30 s in-flight median %d (%.2fC), latency median %.2fS", C, in, float64(in)/float64(C), float64(lat)/float64(S))
+		if lo, hi := 0.7*float64(C), 1.6*float64(C); float64(in) < lo || float64(in) > hi {
+			t.Errorf("C=%d, initial 20: in-flight median %d from 30 s on, want within [%.1f, %.1f]", C, in, lo, hi)
+		}
+		if float64(lat) > 1.6*float64(S) {
+			t.Errorf("C=%d, initial 20: latency median %d µs from 30 s on, want at most 1.6 x %d", C, lat, S)
+		}
+	}
+}
+
 // TestAdaptiveSimulationUnlimited is the same upstream with every request
 // admitted: the queue holds the 8C clients and latency is about 8 S.
 func TestAdaptiveSimulationUnlimited(t *testing.T) {
@@ -235,34 +319,46 @@ func TestAdaptiveSimulationUnlimited(t *testing.T) {
 // TestAdaptiveSimulationNoisy is an upstream whose service time varies (S/2
 // plus an exponential of mean S/2: p90 is 1.65 S): the latency a window
 // sees is not all queueing, and the limit must not collapse towards the
-// floor for it. It settles where some queue keeps the workers busy.
+// floor for it. It settles where some queue keeps the workers busy. At 4
+// and 8 workers of 100 ms a window holds 20 to 80 round trips, whose p90
+// is noisy: the least of many such p90s would be a baseline far below
+// the typical window's, and the limit would be cut for noise.
 func TestAdaptiveSimulationNoisy(t *testing.T) {
 	c, err := NewAdaptive(AdaptiveConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	const sec, C = 1_000_000, 32
-	for _, seed := range []uint64{1, 2} {
-		run := simulate(t, &c, []simPhase{{60 * sec, C}}, seed, true)
-		sp := run.spans[0]
-		in := median(afterSkip(sp.inflight, 1000))
-		from, _ := slices.BinarySearch(sp.ends, 10*sec)
-		lat := median(sp.latencies[from:])
-		goodput := float64(len(sp.latencies)-from) / 50 / (C / (float64(simS) / sec))
-		low := slices.Min(afterSkip(sp.limits, 1000))
-		t.Logf("seed %d: in-flight median %d (%.2fC), latency median %.2fS, goodput %.0f%% of C/S, least limit %d",
-			seed, in, float64(in)/C, float64(lat)/float64(simS), 100*goodput, low)
-		if in < C*7/10 || in > 2*C {
-			t.Errorf("seed %d: in-flight median %d, want within [0.7C, 2C] = [%d, %d]", seed, in, C*7/10, 2*C)
-		}
-		if lat > 2*simS {
-			t.Errorf("seed %d: latency median %d µs, want at most 2 x %d", seed, lat, simS)
-		}
-		if goodput < 0.8 {
-			t.Errorf("seed %d: goodput %.0f%% of capacity, want at least 80%%", seed, 100*goodput)
-		}
-		if low < C/2 {
-			t.Errorf("seed %d: the limit fell to %d after settling, want it to stay at least C/2 = %d", seed, low, C/2)
+	const sec = 1_000_000
+	for _, tc := range []struct {
+		C int
+		S int64
+	}{{32, simS}, {4, 100 * ms}, {8, 100 * ms}} {
+		C, S := tc.C, tc.S
+		for _, seed := range []uint64{1, 2} {
+			run := simulateAt(t, &c, []simPhase{{60 * sec, C}}, seed, true, S)
+			sp := run.spans[0]
+			in := median(afterSkip(sp.inflight, 1000))
+			from, _ := slices.BinarySearch(sp.ends, 10*sec)
+			lat := median(sp.latencies[from:])
+			goodput := float64(len(sp.latencies)-from) / 50 / (float64(C) * sec / float64(S))
+			low := slices.Min(afterSkip(sp.limits, 1000))
+			name := fmt.Sprintf("C=%d S=%dms seed %d", C, S/ms, seed)
+			t.Logf("%s: in-flight median %d (%.2fC), latency median %.2fS, goodput %.0f%% of C/S, least limit %d",
+				name, in, float64(in)/float64(C), float64(lat)/float64(S), 100*goodput, low)
+			if 10*in < 7*C || in > 2*C {
+				t.Errorf("%s: in-flight median %d, want within [0.7C, 2C] = [%.1f, %d]", name, in, 0.7*float64(C), 2*C)
+			}
+			if lat > 2*S {
+				t.Errorf("%s: latency median %d µs, want at most 2 x %d", name, lat, S)
+			}
+			if goodput < 0.8 {
+				t.Errorf("%s: goodput %.0f%% of capacity, want at least 80%%", name, 100*goodput)
+			}
+			// With windows of thousands of samples the limit holds;
+			// with a few dozen it dips on noise and comes back.
+			if C == 32 && low < int64(C/2) {
+				t.Errorf("%s: the limit fell to %d after settling, want it to stay at least C/2 = %d", name, low, C/2)
+			}
 		}
 	}
 }

@@ -31,6 +31,13 @@ func window(c *AdaptiveConfig, s *AdaptiveState, start int64, peak, n int, rtt i
 	return start + c.Window
 }
 
+// pastSlowStart returns s as if its slow start had ended, for the tests of
+// what follows it (slow start counts no epoch, so it has no probe).
+func pastSlowStart(s AdaptiveState) AdaptiveState {
+	s.slow = false
+	return s
+}
+
 // upstream is the round trip of an upstream of workers serving each
 // request in service µs, with inflight requests sent to it: queueing adds
 // to the service time once inflight passes workers.
@@ -50,7 +57,7 @@ func steady(c *AdaptiveConfig, s *AdaptiveState, now int64, windows int, service
 
 func TestNewAdaptiveDefaults(t *testing.T) {
 	c := mustAdaptive(t, AdaptiveConfig{})
-	want := AdaptiveConfig{Floor: 4, Ceiling: 1000, Initial: 20, Window: 1_000_000, MinSamples: 20, Percentile: 0.9, Tolerance: 1.25, Smoothing: 0.2, Epoch: 30}
+	want := AdaptiveConfig{Floor: 1, Ceiling: 1000, Initial: 2, Window: 1_000_000, MinSamples: 20, Percentile: 0.9, Tolerance: 1.25, Smoothing: 0.2, Epoch: 30}
 	if c != want {
 		t.Errorf("NewAdaptive(zero) = %+v, want %+v", c, want)
 	}
@@ -68,7 +75,7 @@ func TestNewAdaptiveErrors(t *testing.T) {
 	}{
 		{"negative floor", AdaptiveConfig{Floor: -1}, "min: must be in [1, 1099511627776], got -1"},
 		{"ceiling under floor", AdaptiveConfig{Floor: 10, Ceiling: 5}, "max: must be in [min (10), 1099511627776], got 5"},
-		{"initial above ceiling", AdaptiveConfig{Ceiling: 10, Initial: 11}, "initial: must be in [min (4), max (10)], got 11"},
+		{"initial above ceiling", AdaptiveConfig{Ceiling: 10, Initial: 11}, "initial: must be in [min (1), max (10)], got 11"},
 		{"initial under floor", AdaptiveConfig{Floor: 8, Initial: 2}, "initial: must be in [min (8), max (1000)], got 2"},
 		{"negative window", AdaptiveConfig{Window: -5}, "window: must be in [1µs, "},
 		{"negative min samples", AdaptiveConfig{MinSamples: -1}, "min_samples: must be in [1, 4294967295], got -1"},
@@ -224,7 +231,7 @@ func TestAdaptiveTeachesNothing(t *testing.T) {
 	for range 20 {
 		now = window(&c, &s, now, 20, 500, 900*ms, Cancelled)
 	}
-	before.peak = s.peak // the in-flight peak is the one thing they move
+	before.peak, before.InFlight = s.peak, s.InFlight // the in flight is the one thing they move
 	if s != before {
 		t.Errorf("cancelled requests changed the state:\n got %+v\nwant %+v", s, before)
 	}
@@ -246,7 +253,7 @@ func TestAdaptiveTeachesNothing(t *testing.T) {
 // limit, and a queue that drains in it keeps the baseline where it was.
 func TestAdaptiveProbe(t *testing.T) {
 	c := mustAdaptive(t, AdaptiveConfig{Initial: 40, Epoch: 4})
-	s := c.NewState(t0, 1)
+	s := pastSlowStart(c.NewState(t0, 1))
 	now := window(&c, &s, t0, 40, 100, 10*ms, OK)
 	probed := false
 	for range 14 {
@@ -274,7 +281,7 @@ func TestAdaptiveProbe(t *testing.T) {
 func untilProbe(t *testing.T, limit int64, rtt int64) (AdaptiveConfig, AdaptiveState, int64) {
 	t.Helper()
 	c := mustAdaptive(t, AdaptiveConfig{Initial: limit, Epoch: 4})
-	s := c.NewState(t0, 1)
+	s := pastSlowStart(c.NewState(t0, 1))
 	now := t0
 	for !s.probe {
 		now = window(&c, &s, now, int(limit), 200, rtt, OK)
@@ -358,5 +365,82 @@ func BenchmarkAdaptive(b *testing.B) {
 		now += ms
 		c.Admit(&s)
 		c.End(&s, now, 10*ms+int64(i%7)*ms, OK)
+	}
+}
+
+// TestAdaptiveSlowStart: from the initial limit, the limit doubles each
+// window while the upstream shows no queue; the first window that queues
+// cuts it by the gradient (to about the tolerance times the capacity) and
+// ends slow start, after which growth is the smoothed step.
+func TestAdaptiveSlowStart(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{})
+	s := c.NewState(t0, 1)
+	now := t0
+	for i, want := range []int64{2, 4, 8, 16, 32, 64} {
+		if got := c.Read(&s); got != want {
+			t.Fatalf("window %d: limit %d, want %d (doubling from the initial 2)", i, got, want)
+		}
+		now = steady(&c, &s, now, 1, 10*ms, 100)
+	}
+	if !s.slow || c.Read(&s) != 128 {
+		t.Fatalf("after 64 under 100 workers: limit %d, slow start %v; want 128 and still in slow start", c.Read(&s), s.slow)
+	}
+	// 128 in flight against 100 workers: round trips of 1.28 service
+	// times, past the tolerance.
+	now = steady(&c, &s, now, 1, 10*ms, 100)
+	if got := c.Read(&s); s.slow || got < 100 || got >= 128 {
+		t.Fatalf("after the first queueing window: limit %d, slow start %v; want within [100, 128) (the gradient's cut) and slow start over", got, s.slow)
+	}
+	for i := range 5 {
+		before := s.Limit
+		now = steady(&c, &s, now, 1, 10*ms, 1000) // no queue: growth
+		if s.Limit > before*1.1+1e-9 {
+			t.Fatalf("window %d after slow start: limit %v from %v, want at most a tenth of growth", i, s.Limit, before)
+		}
+	}
+}
+
+// TestAdaptiveQueueOfOne: a window whose round trips are above the
+// tolerance but whose limit could queue less than one request at the
+// upstream (limit x (1 - baseline/recent) < 1) is noise in the service
+// time, not queueing: it does not cut the limit. The same round trips
+// at a limit that could queue several do.
+func TestAdaptiveQueueOfOne(t *testing.T) {
+	for _, tc := range []struct {
+		limit int64
+		cut   bool
+	}{{2, false}, {3, true}, {8, true}} {
+		c := mustAdaptive(t, AdaptiveConfig{Floor: 1, Initial: tc.limit})
+		s := pastSlowStart(c.NewState(t0, 1))
+		now := window(&c, &s, t0, int(tc.limit), 100, 10*ms, OK) // the baseline
+		before := s.Limit
+		window(&c, &s, now, int(tc.limit), 100, 16*ms, OK) // 1.6 x: a queue of 0.375 x limit
+		if cut := s.Limit < before; cut != tc.cut {
+			t.Errorf("limit %d: round trips 1.6 x the baseline took the limit from %v to %v; want a cut: %v", tc.limit, before, s.Limit, tc.cut)
+		}
+	}
+}
+
+// TestAdaptiveBaselineOfPooledWindows: past slow start, a window of few
+// samples whose p90 is low by chance does not lower the baseline; the
+// median of windows pooled up to 100 samples does.
+func TestAdaptiveBaselineOfPooledWindows(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 4})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := window(&c, &s, t0, 4, 20, 10*ms, OK)
+	base := s.Baseline
+	// Windows of 20 samples: one low among higher ones.
+	for i, rtt := range []int64{10 * ms, 6 * ms, 10 * ms, 10 * ms, 10 * ms} {
+		now = window(&c, &s, now, 4, 20, rtt, OK)
+		if s.Baseline != base {
+			t.Fatalf("window %d of 20 samples at %d µs: baseline %d, want it kept at %d", i, rtt, s.Baseline, base)
+		}
+	}
+	// Five windows lower, pooled: the baseline follows.
+	for range 5 {
+		now = window(&c, &s, now, 4, 20, 6*ms, OK)
+	}
+	if s.Baseline > 7*ms {
+		t.Errorf("after 100 samples pooled at 6 ms: baseline %d µs, want it lowered to about 6 ms", s.Baseline)
 	}
 }
