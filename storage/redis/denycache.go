@@ -45,6 +45,11 @@ type denyCache struct {
 	mu  sync.Mutex
 	m   map[string]denial
 	gen atomic.Uint64
+	// freed counts the forgets (this instance's give-backs, and the
+	// resets and grants it made or heard of): a rejection whose script
+	// ran while one was made may be older than it, and is not stored
+	// (see since and store).
+	freed atomic.Uint64
 	// hits counts the requests answered from the cache.
 	hits atomic.Int64
 }
@@ -109,11 +114,21 @@ func (c *denyCache) lookup(now int64, parts []part, ds []algorithms.Decision) bo
 	return true
 }
 
-// store remembers a request Redis rejected at now (when it was sent).
-func (c *denyCache) store(now int64, parts []part, ds []algorithms.Decision) {
+// since is what store is to be passed for a request about to be sent to
+// Redis: the forgets made so far.
+func (c *denyCache) since() uint64 { return c.freed.Load() }
+
+// store remembers a request Redis rejected at now (when it was sent),
+// unless a key was freed (see forget) since the request read since: the
+// give-back, reset or grant may have run on Redis after the rejection,
+// and cleared nothing, the rejection not being stored yet.
+func (c *denyCache) store(now int64, since uint64, parts []part, ds []algorithms.Decision) {
 	gen := c.gen.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.freed.Load() != since {
+		return
+	}
 	if len(c.m)+len(parts) > denyCacheMax {
 		clear(c.m)
 	}
@@ -123,10 +138,13 @@ func (c *denyCache) store(now int64, parts []part, ds []algorithms.Decision) {
 	}
 }
 
-// forget drops a key's entry, after a reset.
+// forget drops a key's entry, after a give-back, reset or grant, and
+// keeps the rejections of requests in flight from being stored (see
+// store).
 func (c *denyCache) forget(key string) {
 	c.mu.Lock()
 	delete(c.m, key)
+	c.freed.Add(1)
 	c.mu.Unlock()
 }
 
