@@ -117,3 +117,97 @@ func TestDenyCacheNotStoredAfterAGiveBack(t *testing.T) {
 		})
 	}
 }
+
+// dropReply is a go-redis hook that, once armed, drops the answer of the
+// next script call after Redis has run it: the caller gets a timeout, as
+// when the connection fails on the way back.
+type dropReply struct{ armed atomic.Bool }
+
+func (h *dropReply) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *dropReply) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+func (h *dropReply) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		err := next(ctx, cmd)
+		switch strings.ToLower(cmd.Name()) {
+		case "evalsha", "eval", "fcall":
+			if h.armed.CompareAndSwap(true, false) {
+				cmd.SetErr(context.DeadlineExceeded)
+				return cmd.Err()
+			}
+		}
+		return err
+	}
+}
+
+// TestGrantRetriedAfterALostAnswer: a key's one event is taken and its
+// rejection cached; a grant with an id runs on Redis, and its answer is
+// lost (the caller is told it failed). Sent again with the same id, the
+// grant applies nothing more, but it is the first answer this process
+// gets for it: it reports applied (so that the caller logs and emits it
+// once), this instance's deny cache forgets the key (the next request is
+// decided by Redis, and admitted), and the other instances are told
+// (another's deny cache forgets the key too). Before, the retry reported repeated: the
+// grant was never logged, emitted or announced, and the cache refused
+// the key for up to a second after it. A grant sent again once it was
+// reported applied is repeated, as before.
+func TestGrantRetriedAfterALostAnswer(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client()
+	drop := &dropReply{}
+	client.AddHook(drop)
+	s := cachedStore(client)
+	defer s.Close()
+	other := cachedStore(srv.Client()) // another instance
+	defer other.Close()
+	l := mustLimit(t, algorithms.FixedWindow, 1, time.Hour, 0, 0)
+	zl := zoneOf(s, "lost", l).(*zone)
+	reqs := []Request{{Zone: zl, Key: "k", Cost: 1000}}
+	otherReqs := []Request{{Zone: zoneOf(other, "lost", l), Key: "k", Cost: 1000}}
+	now := epoch - epoch%(3600*sec)
+	if _, r, err := s.TakeAll(context.Background(), now, reqs); err != nil || r != -1 {
+		t.Fatalf("the first request: rejected %d, %v; want admitted", r, err)
+	}
+	for _, st := range []*Store{s, other} { // each caches the rejection
+		rs := reqs
+		if st == other {
+			rs = otherReqs
+		}
+		if v, _ := st.Decide(context.Background(), now+1, rs); v.Rejected != 0 {
+			t.Fatalf("the second request: rejected %d, want 0", v.Rejected)
+		}
+		if v, _ := st.Decide(context.Background(), now+1, rs); v.Decided {
+			t.Fatalf("the third request: decided by Redis, want answered from the deny cache")
+		}
+	}
+
+	drop.armed.Store(true)
+	if _, applied, err := zl.GrantOnce(context.Background(), "k", now+2, 1000, "lost-1"); err == nil || applied {
+		t.Fatalf("the grant whose answer was lost: applied %v, err %v; want an error", applied, err)
+	}
+	d, applied, err := zl.GrantOnce(context.Background(), "k", now+3, 1000, "lost-1")
+	if err != nil || !applied {
+		t.Fatalf("the grant sent again: applied %v, err %v; want applied (the first answer this process got for it)", applied, err)
+	}
+	if d.Remaining != 1 {
+		t.Errorf("the grant sent again: remaining %d, want 1 (granted once)", d.Remaining)
+	}
+	v, err := s.Decide(context.Background(), now+4, reqs)
+	if err != nil || !v.Decided || v.Rejected != -1 {
+		t.Errorf("after the grant: decided by Redis %v, rejected %d, %v; want decided by Redis and admitted", v.Decided, v.Rejected, err)
+	}
+	told := false
+	for deadline := time.Now().Add(10 * time.Second); !told && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		v, err := other.Decide(context.Background(), now+4, otherReqs)
+		told = err == nil && v.Decided
+	}
+	if !told {
+		t.Errorf("the other instance's deny cache still answers for the key: it was not told of the grant")
+	}
+	if _, applied, err := zl.GrantOnce(context.Background(), "k", now+5, 1000, "lost-1"); err != nil || applied {
+		t.Errorf("the grant sent a third time: applied %v, err %v; want repeated", applied, err)
+	}
+}
