@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"hash/maphash"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +34,11 @@ const DenyCacheFor int64 = 1_000_000
 // denyCacheMax bounds the entries a cache holds; past it, it starts again.
 const denyCacheMax = 100_000
 
+// freedStripes is how many stripes a cache counts its forgets in (see
+// denyCache.freed): a forget keeps a rejection of a key in the same
+// stripe from being stored, one in 256 keys.
+const freedStripes = 256
+
 // ResetChannel is the pub/sub channel (after the key prefix) on which a
 // reset names the Redis key it deleted.
 const ResetChannel = "reset"
@@ -46,10 +52,14 @@ type denyCache struct {
 	m   map[string]denial
 	gen atomic.Uint64
 	// freed counts the forgets (this instance's give-backs, and the
-	// resets and grants it made or heard of): a rejection whose script
-	// ran while one was made may be older than it, and is not stored
-	// (see since and store).
-	freed atomic.Uint64
+	// resets and grants it made or heard of), by stripe of the key: a
+	// rejection whose script ran while a key of its stripes was freed may
+	// be older than that, and is not stored (see since and store). A
+	// stripe, not the whole cache, so that the give-backs of other keys,
+	// which a busy zone with count_response makes all the time, do not
+	// keep a hot key's rejection from being cached.
+	freed [freedStripes]atomic.Uint64
+	seed  maphash.Seed
 	// hits counts the requests answered from the cache.
 	hits atomic.Int64
 }
@@ -66,7 +76,12 @@ type denial struct {
 }
 
 func newDenyCache() *denyCache {
-	return &denyCache{m: make(map[string]denial)}
+	return &denyCache{m: make(map[string]denial), seed: maphash.MakeSeed()}
+}
+
+// stripe is the counter of key's forgets.
+func (c *denyCache) stripe(key string) *atomic.Uint64 {
+	return &c.freed[maphash.String(c.seed, key)%freedStripes]
 }
 
 // lookup answers parts at now from the cache, filling ds, if every part
@@ -114,19 +129,26 @@ func (c *denyCache) lookup(now int64, parts []part, ds []algorithms.Decision) bo
 	return true
 }
 
-// since is what store is to be passed for a request about to be sent to
-// Redis: the forgets made so far.
-func (c *denyCache) since() uint64 { return c.freed.Load() }
+// since is what store is to be passed for parts about to be sent to
+// Redis: the forgets made so far in their keys' stripes (added up: the
+// counts only grow, so the sum changes when one of them does).
+func (c *denyCache) since(parts []part) uint64 {
+	var n uint64
+	for i := range parts {
+		n += c.stripe(parts[i].key).Load()
+	}
+	return n
+}
 
 // store remembers a request Redis rejected at now (when it was sent),
-// unless a key was freed (see forget) since the request read since: the
-// give-back, reset or grant may have run on Redis after the rejection,
-// and cleared nothing, the rejection not being stored yet.
+// unless a key of its stripes was freed (see forget) since the request
+// read since: the give-back, reset or grant may have run on Redis after
+// the rejection, and cleared nothing, the rejection not being stored yet.
 func (c *denyCache) store(now int64, since uint64, parts []part, ds []algorithms.Decision) {
 	gen := c.gen.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.freed.Load() != since {
+	if c.since(parts) != since {
 		return
 	}
 	if len(c.m)+len(parts) > denyCacheMax {
@@ -144,7 +166,7 @@ func (c *denyCache) store(now int64, since uint64, parts []part, ds []algorithms
 func (c *denyCache) forget(key string) {
 	c.mu.Lock()
 	delete(c.m, key)
-	c.freed.Add(1)
+	c.stripe(key).Add(1)
 	c.mu.Unlock()
 }
 

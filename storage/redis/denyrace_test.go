@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -209,5 +210,53 @@ func TestGrantRetriedAfterALostAnswer(t *testing.T) {
 	}
 	if _, applied, err := zl.GrantOnce(context.Background(), "k", now+5, 1000, "lost-1"); err != nil || applied {
 		t.Errorf("the grant sent a third time: applied %v, err %v; want repeated", applied, err)
+	}
+}
+
+// TestDenyCacheStoredAfterAnotherKeysGiveBack: a give-back to another key
+// while a request's script runs does not keep its rejection out of the
+// cache: a busy zone gives back all the time, and a hot key's rejection
+// is still cached (the next request is answered from memory). The other
+// key is chosen in another stripe of the cache's forgets.
+func TestDenyCacheStoredAfterAnotherKeysGiveBack(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client()
+	hook := newHoldReply()
+	client.AddHook(hook)
+	s := cachedStore(client)
+	defer s.Close()
+	zl := zoneOf(s, "stripes", mustLimit(t, algorithms.FixedWindow, 1, time.Hour, 0, 0)).(*zone)
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := "other-" + strconv.Itoa(i); s.deny.stripe(s.key(k, zl.tail)) != s.deny.stripe(s.key("k", zl.tail)) {
+			other = k
+		}
+	}
+	now := epoch - epoch%(3600*sec)
+	var taken algorithms.Decision
+	for _, key := range []string{"k", other} {
+		ds, r, err := s.TakeAll(context.Background(), now, []Request{{Zone: zl, Key: key, Cost: 1000}})
+		if err != nil || r != -1 {
+			t.Fatalf("%s: rejected %d, %v; want admitted", key, r, err)
+		}
+		taken = ds[0]
+	}
+	reqs := []Request{{Zone: zl, Key: "k", Cost: 1000}}
+	hook.armed.Store(true)
+	refused := make(chan int, 1)
+	go func() {
+		_, r, _ := s.TakeAll(context.Background(), now+1, reqs)
+		refused <- r
+	}()
+	<-hook.held
+	if err := zl.Undo(context.Background(), other, now+2, 1000, taken); err != nil {
+		t.Fatal(err)
+	}
+	close(hook.release)
+	if r := <-refused; r != 0 {
+		t.Fatalf("k: rejected %d, want 0", r)
+	}
+	if v, err := s.Decide(context.Background(), now+3, reqs); err != nil || v.Decided || v.Rejected != 0 {
+		t.Fatalf("k again: decided by Redis %v, rejected %d, %v; want refused from the cache", v.Decided, v.Rejected, err)
 	}
 }

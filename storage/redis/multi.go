@@ -123,7 +123,7 @@ func (s *Store) Decide(ctx context.Context, now int64, reqs []Request) (Verdict,
 		if ds, rejected, ok := s.cached(now, parts); ok {
 			return Verdict{Decisions: ds, Rejected: rejected}, nil
 		}
-		freed = s.deny.since()
+		freed = s.deny.since(parts)
 	}
 	ds, rejected, err := s.takeAll(ctx, now, parts)
 	if err != nil {
