@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/bodyscan"
 	"github.com/caddy-tollgate/tollgate/internal/ratelimitheader"
 	"github.com/caddy-tollgate/tollgate/internal/zoneconf"
 	"github.com/caddy-tollgate/tollgate/storage"
@@ -134,6 +135,11 @@ func outcome(r *http.Request, wrote bool, status int) algorithms.Outcome {
 // upstream's queue), or the chain returned.
 func (h *Handler) serveTapped(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, results []result, settles bool, adaptive []result) (err error) {
 	tap := newResponseTap(w, results)
+	if tap.scan != nil {
+		// The body is read: ask the upstream (or `encode`) only for
+		// codings the scanner reads.
+		bodyscan.NarrowAcceptEncoding(r.Header)
+	}
 	if len(adaptive) > 0 {
 		tap.clock = h.now
 	}

@@ -242,8 +242,8 @@ func (h *Handler) admitHeld(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.endAdaptive(adaptive) // ended with its outcome by serveTapped, unless it never went on
 	}
 	settles := h.responses && shared.Settles(results)
-	if settles {
-		defer h.store.Settled(results) // after the settlements, deferred below
+	if shared.Holds(results) {
+		defer h.store.Settled(results) // after the settlements and the give-back of a wait, deferred below
 	}
 	if h.slots {
 		if hold := shared.HoldSlots(results); hold != nil {

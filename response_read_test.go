@@ -2,7 +2,9 @@ package tollgate
 
 import (
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
+	"compress/zlib"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -57,7 +59,8 @@ func paddedUsageUpstream(t *testing.T) *httptest.Server {
 	return s
 }
 
-// compress encodes body in enc (gzip, zstd or br).
+// compress encodes body in enc (gzip, zstd, br, deflate, or
+// deflate-raw: deflate without its zlib wrapping).
 func compress(t testing.TB, enc, body string) []byte {
 	var buf bytes.Buffer
 	var w io.WriteCloser
@@ -68,6 +71,10 @@ func compress(t testing.TB, enc, body string) []byte {
 		w, _ = zstd.NewWriter(&buf)
 	case "br":
 		w = brotli.NewWriter(&buf)
+	case "deflate": // zlib-wrapped, as RFC 9110 has it
+		w = zlib.NewWriter(&buf)
+	case "deflate-raw": // raw, as some servers send deflate
+		w, _ = flate.NewWriter(&buf, flate.DefaultCompression)
 	default:
 		t.Errorf("no encoder for %q", enc)
 		return nil
@@ -132,6 +139,93 @@ func TestCostResponseReadsCompressedBodies(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// negotiatingUpstream answers /json with the usage X-Tokens asks for, in
+// the first coding of the request's Accept-Encoding it speaks, as
+// Express's compression or aiohttp negotiate: deflate (zlib-wrapped, or
+// raw for X-Raw), or x-custom, a coding no client library reads (here
+// gzip's bytes under another name); else identity. X-Force answers
+// x-custom whatever the request accepts. Each request's Accept-Encoding
+// is sent on seen.
+func negotiatingUpstream(t *testing.T) (s *httptest.Server, seen chan string) {
+	seen = make(chan string, 100)
+	s = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ae := r.Header.Get("Accept-Encoding")
+		seen <- ae
+		w.Header().Set("Content-Type", "application/json")
+		body := fmt.Sprintf(`{"choices":[{"message":{"content":%q}}],"usage":{"total_tokens":%s}}`, padding, r.Header.Get("X-Tokens"))
+		enc := ""
+		for item := range strings.SplitSeq(ae, ",") {
+			coding, _, _ := strings.Cut(item, ";")
+			if c := strings.TrimSpace(coding); c == "deflate" || c == "x-custom" {
+				enc = c
+				break
+			}
+		}
+		if r.Header.Get("X-Force") != "" {
+			enc = "x-custom"
+		}
+		switch enc {
+		case "":
+			io.WriteString(w, body)
+		case "deflate":
+			w.Header().Set("Content-Encoding", "deflate")
+			if r.Header.Get("X-Raw") != "" {
+				w.Write(compress(t, "deflate-raw", body))
+			} else {
+				w.Write(compress(t, "deflate", body))
+			}
+		case "x-custom":
+			w.Header().Set("Content-Encoding", "x-custom")
+			w.Write(compress(t, "gzip", body))
+		}
+	}))
+	t.Cleanup(s.Close)
+	return s, seen
+}
+
+// TestCostResponseReadsDeflate: an upstream that negotiates its coding
+// answers a client that accepts deflate in deflate, zlib-wrapped or raw:
+// the usage of 5,000 tokens is read from either (remaining 94,000 after
+// the next request reserves its 1,000). A client that accepts only a
+// coding the body scanner cannot read has the upstream asked for
+// identity instead: the usage is read, and the client gets the body
+// uncompressed. Before, deflate and x-custom kept the estimate (98,000).
+// An upstream that answers x-custom unasked still keeps the estimate:
+// no reader for it.
+func TestCostResponseReadsDeflate(t *testing.T) {
+	up, seen := negotiatingUpstream(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(tokensSite(up, "", "100000/h", "1000"), "caddyfile")
+	for _, c := range []struct {
+		name, accept, extra string
+		wantEncoding        string // the client's Content-Encoding
+		wantSeen            string // the upstream's Accept-Encoding
+		wantRemaining       int64
+	}{
+		{"zlib", "deflate", "", "deflate", "deflate", 94000},
+		{"raw", "deflate", "X-Raw: 1", "deflate", "deflate", 94000},
+		{"preferred", "x-custom;q=1, deflate;q=0.5", "", "deflate", "deflate;q=0.5", 94000},
+		{"unreadable", "x-custom", "", "", "identity", 94000},
+		{"unasked", "gzip", "X-Force: 1", "x-custom", "gzip", 98000},
+	} {
+		client := "X-Client: deflate-" + c.name
+		headers := []string{client, "Accept-Encoding: " + c.accept, "X-Tokens: 5000"}
+		if c.extra != "" {
+			headers = append(headers, c.extra)
+		}
+		resp, _ := get(t, tester, "/json", headers...)
+		check(t, c.name, resp, "", want{status: 200, headers: map[string]string{"Content-Encoding": c.wantEncoding}})
+		if got := <-seen; got != c.wantSeen {
+			t.Errorf("%s: the upstream was sent Accept-Encoding %q, want %q", c.name, got, c.wantSeen)
+		}
+		resp, _ = get(t, tester, "/json", client, "X-Tokens: 1")
+		<-seen
+		if r := remaining(t, resp); r != c.wantRemaining {
+			t.Errorf("%s: then r = %d, want %d", c.name, r, c.wantRemaining)
+		}
 	}
 }
 

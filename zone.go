@@ -441,6 +441,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 	}
 	for _, p := range z.all {
 		p.Settles = z.response != nil
+		p.Delays = zc.MaxDelay > 0 && !zc.DryRun
 	}
 	if len(z.parts) > 1 && s.Rate {
 		for _, rate := range z.all {

@@ -279,6 +279,13 @@ func NewState(l *Limit) State {
 type Decision struct {
 	// Allowed reports whether the request was admitted.
 	Allowed bool
+	// Entry is set by a store whose keys' states may be replaced while a
+	// request runs (the memory store: a key evicted or swept comes back
+	// as a new entry): the entry that decided, so that a give-back
+	// finds whether the state it would give back to is the one charged.
+	// 0: not known (give back to the key's state). The algorithms leave
+	// it as it is; it fills padding after Allowed.
+	Entry uint32
 	// Remaining is the whole events still available after this decision.
 	Remaining int64
 	// Reset is µs until the quota is whole again (the state is fresh).

@@ -1,12 +1,15 @@
 package bodyscan
 
 import (
+	"bufio"
 	"io"
 	"net/http"
 	"strings"
 
 	"github.com/andybalholm/brotli"
+	"github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zlib"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -48,8 +51,72 @@ func decoderOf(enc string) func(io.Reader) (io.ReadCloser, error) {
 		}
 	case "br":
 		return func(r io.Reader) (io.ReadCloser, error) { return io.NopCloser(brotli.NewReader(r)), nil }
+	case "deflate":
+		return openDeflate
 	}
 	return nil
+}
+
+// openDeflate opens a body of Content-Encoding deflate: a zlib stream
+// (RFC 1950), as RFC 9110 has it, or a raw deflate stream (RFC 1951), as
+// some servers send it. A zlib stream starts with a two-byte header
+// whose method is deflate (CM 8), whose window is at most 32 KiB (CINFO
+// at most 7), and which is a multiple of 31. A raw stream's first byte
+// with that low nibble would start a stored block whose padding bits are
+// not zero, which encoders do not write: the test does not mistake one
+// for the other.
+func openDeflate(r io.Reader) (io.ReadCloser, error) {
+	br := bufio.NewReader(r)
+	if h, err := br.Peek(2); err == nil && h[0]&0x0f == 8 && h[0]>>4 <= 7 && (uint16(h[0])<<8|uint16(h[1]))%31 == 0 {
+		return zlib.NewReader(br)
+	}
+	return flate.NewReader(br), nil
+}
+
+// Readable reports whether the scanner reads a body of content coding
+// enc (a coding's name as Accept-Encoding lists it, any case).
+func Readable(enc string) bool {
+	enc = strings.ToLower(enc)
+	return enc == "identity" || decoderOf(enc) != nil
+}
+
+// NarrowAcceptEncoding keeps, of a request's Accept-Encoding, only the
+// codings the scanner reads (their q-values with them), so that an
+// upstream that negotiates answers in one of them: a body in a coding the
+// scanner cannot read would keep the estimate, whatever its usage says.
+// A list left with no coding becomes "identity" (an absent header would
+// accept any), and "*" is dropped. A request without the header is left
+// as it is: an upstream answers it uncompressed. It reports whether it
+// changed the header.
+func NarrowAcceptEncoding(h http.Header) bool {
+	values := h.Values("Accept-Encoding")
+	if len(values) == 0 {
+		return false
+	}
+	var kept []string
+	changed := false
+	for _, v := range values {
+		for item := range strings.SplitSeq(v, ",") {
+			item = strings.TrimSpace(item)
+			if item == "" {
+				continue
+			}
+			coding, _, _ := strings.Cut(item, ";")
+			if Readable(strings.TrimSpace(coding)) {
+				kept = append(kept, item)
+			} else {
+				changed = true
+			}
+		}
+	}
+	if !changed && len(values) == 1 {
+		return false
+	}
+	if len(kept) == 0 {
+		kept = append(kept, "identity")
+	}
+	h.Set("Accept-Encoding", strings.Join(kept, ", "))
+	return true
 }
 
 // decompressor decompresses the bytes written to it and scans what they

@@ -1,7 +1,7 @@
 // Package bodyscan reads numbers from HTTP bodies as they pass, for
 // Tollgate's {http.rate_limit.response.json.*} and
 // {http.rate_limit.request.json.*} placeholders: without holding the body
-// back, within fixed bounds, through gzip, zstd and br, and from
+// back, within fixed bounds, through gzip, zstd, br and deflate, and from
 // Server-Sent Events streams event by event. It knows nothing of Caddy.
 package bodyscan
 
@@ -17,7 +17,7 @@ import (
 // passes to the client: the body is never held back or delayed, and only
 // a bounded amount of it is kept.
 //
-//   - A body with a Content-Encoding of gzip, zstd or br (as `encode`
+//   - A body with a Content-Encoding of gzip, zstd, br or deflate (as `encode`
 //     sends it, or an upstream that compressed it itself) is decompressed
 //     as it passes, and what it decompresses to is read as below; any
 //     other encoding (or several) is not read: it keeps the estimate.

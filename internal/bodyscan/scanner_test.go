@@ -2,7 +2,9 @@ package bodyscan
 
 import (
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
+	"compress/zlib"
 	"fmt"
 	"io"
 	"net/http"
@@ -218,10 +220,90 @@ func TestBodyScannerHoldsBounded(t *testing.T) {
 	if got, ok := read(gzipJSON, bomb); ok {
 		t.Errorf("a gzip body of %d bytes decompressing past the bound: usage.total_tokens = %q, want unset", len(bomb), got)
 	}
-	for _, enc := range []string{"deflate", "gzip, br"} {
+	for _, enc := range []string{"compress", "gzip, br"} {
 		h := http.Header{"Content-Encoding": {enc}, "Content-Type": {"application/json"}}
 		if got, ok := read(h, []byte(`{"usage":{"total_tokens":3}}`)); ok {
 			t.Errorf("Content-Encoding %s: usage.total_tokens = %q, want unset (the estimate kept)", enc, got)
+		}
+	}
+}
+
+// TestBodyScannerDeflate: a body of Content-Encoding deflate is read
+// whether zlib-wrapped (RFC 9110) or raw (as some servers send it), as
+// JSON and as a stream, at every compression level, and within the same
+// bound as the other codings.
+func TestBodyScannerDeflate(t *testing.T) {
+	read := func(h http.Header, body []byte) (string, bool) {
+		s := New([]string{"usage.total_tokens"})
+		for i := 0; i < len(body); i += 7 {
+			s.Feed(h, body[i:min(len(body), i+7)])
+		}
+		v, ok := finish(s)["usage.total_tokens"]
+		return v, ok
+	}
+	bodies := map[string]string{
+		"application/json":  `{"choices":[{"text":"` + strings.Repeat("lorem ipsum ", 50) + `"}],"usage":{"total_tokens":42}}`,
+		"text/event-stream": "data: {\"usage\":null}\n\ndata: {\"usage\":{\"total_tokens\":42}}\n\ndata: [DONE]\n\n",
+	}
+	for ct, body := range bodies {
+		for level := flate.HuffmanOnly; level <= flate.BestCompression; level++ {
+			var zbuf, rbuf bytes.Buffer
+			zw, _ := zlib.NewWriterLevel(&zbuf, level)
+			rw, _ := flate.NewWriter(&rbuf, level)
+			for _, w := range []io.WriteCloser{zw, rw} {
+				io.WriteString(w, body)
+				w.Close()
+			}
+			for name, b := range map[string][]byte{"zlib": zbuf.Bytes(), "raw": rbuf.Bytes()} {
+				h := http.Header{"Content-Encoding": {"Deflate"}, "Content-Type": {ct}}
+				if got, _ := read(h, b); got != "42" {
+					t.Errorf("%s, deflate (%s, level %d): usage.total_tokens = %q, want 42", ct, name, level, got)
+				}
+			}
+		}
+	}
+	bomb := compress(t, "deflate-raw", `{"usage":{"total_tokens":3}}`+strings.Repeat(" ", 2*maxJSONScan))
+	if got, ok := read(http.Header{"Content-Encoding": {"deflate"}}, bomb); ok {
+		t.Errorf("a raw deflate body decompressing past the bound: usage.total_tokens = %q, want unset", got)
+	}
+}
+
+// TestNarrowAcceptEncoding: a request's Accept-Encoding keeps only the
+// codings the scanner reads, q-values and all; with none left it asks for
+// identity; a header that lists only readable codings, or no header, is
+// left alone.
+func TestNarrowAcceptEncoding(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		in      []string // the header's values; nil: no header
+		want    string   // "" with changed false: as it was
+		changed bool
+	}{
+		{"absent", nil, "", false},
+		{"all readable", []string{"gzip, deflate, br, zstd"}, "gzip, deflate, br, zstd", false},
+		{"q-values kept", []string{"br;q=1.0, gzip;q=0.8, *;q=0.1"}, "br;q=1.0, gzip;q=0.8", true},
+		{"unknown dropped", []string{"x-snappy, deflate"}, "deflate", true},
+		{"only unknown", []string{"compress"}, "identity", true},
+		{"only a wildcard", []string{"*"}, "identity", true},
+		{"case and spaces", []string{" GZip ;q=0.5 ,Compress"}, "GZip ;q=0.5", true},
+		{"identity kept", []string{"identity, x-lz4"}, "identity", true},
+		{"two lines", []string{"gzip", "br"}, "gzip, br", true},
+		{"empty items", []string{", ,gzip,"}, "gzip", false},
+	} {
+		h := http.Header{}
+		for _, v := range c.in {
+			h.Add("Accept-Encoding", v)
+		}
+		changed := NarrowAcceptEncoding(h)
+		want := c.want
+		if !c.changed {
+			want = strings.Join(c.in, ", ")
+			if len(c.in) > 0 {
+				want = c.in[0]
+			}
+		}
+		if got := strings.Join(h.Values("Accept-Encoding"), ", "); changed != c.changed || got != want {
+			t.Errorf("%s: NarrowAcceptEncoding(%q) = %q, changed %v; want %q, changed %v", c.name, c.in, got, changed, want, c.changed)
 		}
 	}
 }
@@ -236,7 +318,8 @@ func finish(s *Scanner) map[string]string {
 // streamSize is the body of the scanner's benchmark: 10 MB of events.
 const streamSize = 10 << 20
 
-// compress encodes body in enc (gzip, zstd or br).
+// compress encodes body in enc (gzip, zstd, br, deflate, or
+// deflate-raw: deflate without its zlib wrapping).
 func compress(t testing.TB, enc, body string) []byte {
 	var buf bytes.Buffer
 	var w io.WriteCloser
@@ -247,6 +330,10 @@ func compress(t testing.TB, enc, body string) []byte {
 		w, _ = zstd.NewWriter(&buf)
 	case "br":
 		w = brotli.NewWriter(&buf)
+	case "deflate": // zlib-wrapped, as RFC 9110 has it
+		w = zlib.NewWriter(&buf)
+	case "deflate-raw": // raw, as some servers send deflate
+		w, _ = flate.NewWriter(&buf, flate.DefaultCompression)
 	default:
 		t.Errorf("no encoder for %q", enc)
 		return nil

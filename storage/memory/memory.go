@@ -288,6 +288,7 @@ func (s *Store) takeLocked(sh *shard, k hashed, now, cost int64, d *algorithms.D
 		}
 	}
 	w := sh.slot(i)
+	entry := uint32(w[1] & genMask >> genShift)
 	switch {
 	case sh.packed:
 		st := unpack(w)
@@ -306,19 +307,21 @@ func (s *Store) takeLocked(sh *shard, k hashed, now, cost int64, d *algorithms.D
 		s.limit.TakeTo(d, &st, now, cost)
 		sh.store(i, w, &st)
 	}
+	d.Entry = entry // after the take, which writes the whole decision
 	return elsewhere
 }
 
 // keep stores st, the state a take decided on a copy of, as the state of
-// the key k in sh, adding the key if k knows no slot of it (see hashed);
-// elsewhere is insert's. sh.mu must be held, since before the copy was
-// read.
-func (s *Store) keep(sh *shard, k hashed, st *algorithms.State) (elsewhere bool) {
+// the key k in sh, adding the key if k knows no slot of it (see hashed),
+// and notes its entry in d, the take's decision; elsewhere is insert's.
+// sh.mu must be held, since before the copy was read.
+func (s *Store) keep(sh *shard, k hashed, st *algorithms.State, d *algorithms.Decision) (elsewhere bool) {
 	i := k.slot - 1
 	if i < 0 {
 		i, elsewhere = s.insert(sh, k.h, k.tag)
 	}
 	sh.setState(i, st)
+	d.Entry = sh.entry(i)
 	return elsewhere
 }
 
@@ -431,8 +434,9 @@ func (s *Store) Grant(_ context.Context, key string, now, amount int64) (algorit
 
 // Undo gives back cost that the Take for key whose Decision is taken
 // charged, to where it was charged (see algorithms.Limit.Undo). A key that
-// was evicted or swept meanwhile has nothing to give back, nor one reset
-// at or after taken.At: the reset gave the charge back.
+// was evicted or swept meanwhile has nothing to give back, even once it
+// is back (a new entry: see shard.add), nor one reset at or after
+// taken.At: the reset gave the charge back.
 func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algorithms.Decision) error {
 	now = s.at(now)
 	h, tag, sh := s.locate(key)
@@ -441,7 +445,7 @@ func (s *Store) Undo(_ context.Context, key string, now, cost int64, taken algor
 	if s.resets.any.Load() && s.resets.since(key, taken.At, now) {
 		return nil
 	}
-	if i := sh.find(h, tag); i >= 0 {
+	if i := sh.find(h, tag); i >= 0 && !sh.replaced(i, &taken) {
 		st := sh.state(i)
 		s.limit.Undo(&st, now, cost, taken)
 		sh.setState(i, &st)

@@ -10,8 +10,8 @@ import (
 // Settle settles the Take for key whose Decision is taken, which reserved
 // milli-units, to actual milli-units, under the key's shard lock (see
 // algorithms.Limit.Settle). A give-back to a key evicted or swept
-// meanwhile gives nothing; an excess owed by such a key starts it again,
-// owing. A key reset since taken.At settles nothing: the reset gave the
+// meanwhile gives nothing, even once the key is back (a new entry); an
+// excess owed by such a key is owed by its state now. A key reset since taken.At settles nothing: the reset gave the
 // reservation back and forgave what the key owed (see Undo). At the
 // reset's very µs the charge may have come before it or after: a
 // give-back then gives nothing (it must not mint), an excess is owed (it
@@ -36,6 +36,9 @@ func (s *Store) Settle(_ context.Context, key string, now, reserved, actual int6
 		i = sh.find(h, tag)
 	} else {
 		i, elsewhere = s.get(sh, h, tag)
+	}
+	if actual < reserved && i >= 0 && sh.replaced(i, &taken) {
+		i = -1 // a new entry of the key: not what was charged
 	}
 	if i >= 0 {
 		st := sh.state(i)

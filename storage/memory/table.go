@@ -13,14 +13,15 @@ import (
 //	bucket family (32 bytes):
 //	word 0: the key's hash (its shard's bits low, its home slot's above)
 //	word 1: the key's tag, a second hash of the key, seeded apart, with
-//	        bit 0 set (the slot is used) and bit 1 the CLOCK bit (used
-//	        since the hand last came by)
+//	        bit 0 set (the slot is used), bit 1 the CLOCK bit (used
+//	        since the hand last came by), and bits 2 to 17 the entry's
+//	        generation (see shard.add), not part of the tag
 //	word 2, 3: the state's At and Level
 //
 //	packed window (32 bytes: fixed_window without a calendar, and
 //	sliding_window):
 //	word 0: the hash
-//	word 1: the tag's low 32 bits (its two flag bits as above) and, in
+//	word 1: the tag's low 32 bits (its flag and generation bits as above) and, in
 //	        the high 32, the state's Level
 //	word 2: the state's At
 //	word 3: the state's Prev (low 32 bits) and Head (high 32, signed)
@@ -38,16 +39,19 @@ import (
 // beyond them (a zone of more events, a large grant, a large debt owed
 // by a settlement) widens its shard's table to 48-byte slots for good,
 // in one pass as a resize does, so that nothing is ever rounded or
-// capped. A key is its two hashes: 126 bits, or 94 in a packed table
+// capped. A key is its two hashes: 110 bits, or 78 in a packed table
 // (or one widened from one). Two keys that agree on all of them share a
 // state: with the hashes seeded at random for each store, that is about
-// one chance in 2^55 for a zone's whole million keys at 94 bits (2^87 at
-// 126), far below the odds of a memory error; a client cannot aim for it
+// one chance in 2^39 for a zone's whole million keys at 78 bits (2^71 at
+// 110), far below the odds of a memory error; a client cannot aim for it
 // without the seeds. A sliding_log's ring, which grows with its entries,
 // is kept beside the table, in logs, slot for slot.
 const (
 	usedBit = 1
 	refBit  = 2
+	// genShift and genMask place an entry's generation in word 1.
+	genShift = 2
+	genMask  = 0xffff << genShift
 
 	bucketStride = 4 // words a slot of the bucket family or a packed window holds
 	windowStride = 6 // words a wide slot holds
@@ -112,7 +116,8 @@ type shard struct {
 	n      int
 	hand   int
 	stride int
-	tags   uint64   // the bits of word 1 that are the tag and its used bit (refBit clear)
+	tags   uint64   // the bits of word 1 that are the tag and its used bit (refBit and the generation clear)
+	gen    uint16   // the generation of the entry last added (see add)
 	packed bool     // the slots are packed windows
 	log    bool     // the store is a sliding_log's: logs is kept
 	_      [64]byte // keep shards on separate cache lines
@@ -120,9 +125,9 @@ type shard struct {
 
 // init sets up an empty shard for a store of limit l.
 func (sh *shard) init(l *algorithms.Limit) {
-	sh.stride, sh.tags, sh.packed = strideOf(l.Kind), ^uint64(refBit), false
+	sh.stride, sh.tags, sh.packed = strideOf(l.Kind), ^uint64(refBit|genMask), false
 	if packs(l) {
-		sh.stride, sh.tags, sh.packed = bucketStride, packedTag&^refBit, true
+		sh.stride, sh.tags, sh.packed = bucketStride, packedTag&^(refBit|genMask), true
 	}
 	sh.log = l.Kind == algorithms.SlidingLog
 }
@@ -235,7 +240,11 @@ func (sh *shard) store(i int, w []uint64, s *algorithms.State) {
 // bit set, a flood's keys all looked used: the first eviction's hand went
 // round clearing every bit, then took the first key in table order, which
 // might be a client over its limit asked for just before the flood.
-// The key must not be in sh. sh.mu must be held.
+// The entry gets the shard's next generation (1 to 65535, round): a
+// decision carries it (Decision.Entry), and a give-back to an entry of
+// another generation, the key evicted or swept and added again since,
+// gives nothing back (see Store.Undo). The key must not be in sh. sh.mu
+// must be held.
 func (sh *shard) add(h, tag uint64) int {
 	if (sh.n+1)*16 > sh.size*maxFill {
 		sh.resize(max(8, 2*sh.size))
@@ -246,9 +255,25 @@ func (sh *shard) add(h, tag uint64) int {
 		i = (i + 1) & mask
 	}
 	b := i * st
-	sh.words[b], sh.words[b+1] = h, tag&sh.tags
+	sh.gen = sh.gen%0xffff + 1
+	sh.words[b], sh.words[b+1] = h, tag&sh.tags|uint64(sh.gen)<<genShift
 	sh.n++
 	return i
+}
+
+// entry is the generation of slot i's entry (see add). sh.mu must be
+// held.
+func (sh *shard) entry(i int) uint32 {
+	return uint32(sh.words[i*sh.stride+1] & genMask >> genShift)
+}
+
+// replaced reports whether slot i holds another entry of its key than
+// the one that decided taken: the key was evicted or swept, and added
+// again, since. A decision that carries no entry (another store's, which
+// a local copy gives back) is given back to the key as it is. sh.mu must
+// be held.
+func (sh *shard) replaced(i int, taken *algorithms.Decision) bool {
+	return taken.Entry != 0 && taken.Entry != sh.entry(i)
 }
 
 // widen moves a packed table's keys to wide slots, in place: same size,

@@ -129,7 +129,7 @@ func TakeAll(now int64, reqs []Request, ds []algorithms.Decision) int {
 			ds[i] = peekBanned(r, shards[i], hashes[i], now)
 		case rejected >= 0:
 		case onCopy(r.Store.limit.Kind):
-			elsewhere[i] = r.Store.keep(shards[i], hashes[i], &sts[i])
+			elsewhere[i] = r.Store.keep(shards[i], hashes[i], &sts[i], &ds[i])
 		default:
 			elsewhere[i] = r.Store.takeLocked(shards[i], hashes[i], now, r.Cost, &ds[i])
 		}

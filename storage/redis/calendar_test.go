@@ -346,6 +346,7 @@ func TestCalendarTakeAll(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s step %d: %v", mode, i, err)
 			}
+			want[0].Entry, want[1].Entry = 0, 0 // the memory store's entries: Redis keeps none
 			if rejected != wantRejected || got[0] != want[0] || got[1] != want[1] {
 				t.Fatalf("%s step %d at %s: %d %+v, want %d %+v (memory)", mode, i, time.UnixMicro(now).In(kolkata), rejected, got, wantRejected, want)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"hash/maphash"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +34,11 @@ const DenyCacheFor int64 = 1_000_000
 // denyCacheMax bounds the entries a cache holds; past it, it starts again.
 const denyCacheMax = 100_000
 
+// freedStripes is how many stripes a cache counts its forgets in (see
+// denyCache.freed): a forget keeps a rejection of a key in the same
+// stripe from being stored, one in 256 keys.
+const freedStripes = 256
+
 // ResetChannel is the pub/sub channel (after the key prefix) on which a
 // reset names the Redis key it deleted.
 const ResetChannel = "reset"
@@ -45,6 +51,15 @@ type denyCache struct {
 	mu  sync.Mutex
 	m   map[string]denial
 	gen atomic.Uint64
+	// freed counts the forgets (this instance's give-backs, and the
+	// resets and grants it made or heard of), by stripe of the key: a
+	// rejection whose script ran while a key of its stripes was freed may
+	// be older than that, and is not stored (see since and store). A
+	// stripe, not the whole cache, so that the give-backs of other keys,
+	// which a busy zone with count_response makes all the time, do not
+	// keep a hot key's rejection from being cached.
+	freed [freedStripes]atomic.Uint64
+	seed  maphash.Seed
 	// hits counts the requests answered from the cache.
 	hits atomic.Int64
 }
@@ -61,7 +76,12 @@ type denial struct {
 }
 
 func newDenyCache() *denyCache {
-	return &denyCache{m: make(map[string]denial)}
+	return &denyCache{m: make(map[string]denial), seed: maphash.MakeSeed()}
+}
+
+// stripe is the counter of key's forgets.
+func (c *denyCache) stripe(key string) *atomic.Uint64 {
+	return &c.freed[maphash.String(c.seed, key)%freedStripes]
 }
 
 // lookup answers parts at now from the cache, filling ds, if every part
@@ -109,11 +129,28 @@ func (c *denyCache) lookup(now int64, parts []part, ds []algorithms.Decision) bo
 	return true
 }
 
-// store remembers a request Redis rejected at now (when it was sent).
-func (c *denyCache) store(now int64, parts []part, ds []algorithms.Decision) {
+// since is what store is to be passed for parts about to be sent to
+// Redis: the forgets made so far in their keys' stripes (added up: the
+// counts only grow, so the sum changes when one of them does).
+func (c *denyCache) since(parts []part) uint64 {
+	var n uint64
+	for i := range parts {
+		n += c.stripe(parts[i].key).Load()
+	}
+	return n
+}
+
+// store remembers a request Redis rejected at now (when it was sent),
+// unless a key of its stripes was freed (see forget) since the request
+// read since: the give-back, reset or grant may have run on Redis after
+// the rejection, and cleared nothing, the rejection not being stored yet.
+func (c *denyCache) store(now int64, since uint64, parts []part, ds []algorithms.Decision) {
 	gen := c.gen.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.since(parts) != since {
+		return
+	}
 	if len(c.m)+len(parts) > denyCacheMax {
 		clear(c.m)
 	}
@@ -123,10 +160,13 @@ func (c *denyCache) store(now int64, parts []part, ds []algorithms.Decision) {
 	}
 }
 
-// forget drops a key's entry, after a reset.
+// forget drops a key's entry, after a give-back, reset or grant, and
+// keeps the rejections of requests in flight from being stored (see
+// store).
 func (c *denyCache) forget(key string) {
 	c.mu.Lock()
 	delete(c.m, key)
+	c.stripe(key).Add(1)
 	c.mu.Unlock()
 }
 

@@ -120,6 +120,7 @@ func runGuardParity(t *testing.T, s *Store, label string, n int) {
 		same := gotRej == wantRej
 		for j := range parts {
 			g, w := got[j], want[j]
+			w.Entry = 0 // the memory store's entry: Redis keeps none
 			if j == 2 { // a slot's At is its lease id in Redis
 				g.At, w.At = 0, 0
 			}

@@ -118,17 +118,19 @@ func (s *Store) Decide(ctx context.Context, now int64, reqs []Request) (Verdict,
 	if err != nil {
 		return Verdict{Rejected: -1}, fmt.Errorf("redis store: take all: %w", err)
 	}
+	var freed uint64
 	if s.deny != nil {
 		if ds, rejected, ok := s.cached(now, parts); ok {
 			return Verdict{Decisions: ds, Rejected: rejected}, nil
 		}
+		freed = s.deny.since(parts)
 	}
 	ds, rejected, err := s.takeAll(ctx, now, parts)
 	if err != nil {
 		return Verdict{Rejected: -1}, err
 	}
 	if s.deny != nil && rejected >= 0 && cacheable(parts, ds) {
-		s.deny.store(now, parts, ds)
+		s.deny.store(now, freed, parts, ds)
 	}
 	return Verdict{Decisions: ds, Rejected: rejected, Decided: true, Clock: clockOf(parts, ds)}, nil
 }

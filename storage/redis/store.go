@@ -91,6 +91,9 @@ type Store struct {
 	// group is how TakeAll splits a request's keys into the groups that
 	// one script can decide together (see grouping).
 	group grouping
+	// unanswered are the grants with an id whose answer this process
+	// did not get (see zone.GrantOnce).
+	unanswered unanswered
 
 	// Test hooks, set only by this package's tests. callerClock passes
 	// the caller's now to the scripts instead of -1 (the server's clock);

@@ -323,6 +323,13 @@ func (z *zone) Grant(ctx context.Context, key string, now, amount int64) (algori
 // its id are applied together or not at all. An error that wraps
 // ErrNotAnnounced says the grant was applied, but the other instances
 // were not told of it (see OnGrant).
+//
+// A grant sent again with an id whose earlier call through this store
+// failed (its answer may have been lost after Redis applied it) and that
+// Redis finds applied already is the first answer this process gets for
+// it: it is announced and reported applied, once, so that the caller
+// logs and emits it. A grant whose answer was lost and that is sent again
+// to another instance is reported repeated there.
 func (z *zone) GrantOnce(ctx context.Context, key string, now, amount int64, id string) (d algorithms.Decision, applied bool, err error) {
 	if !z.limit.Grantable() {
 		return d, false, fmt.Errorf("redis store: grant %q: %w", z.name, algorithms.ErrNoGrant)
@@ -337,9 +344,18 @@ func (z *zone) GrantOnce(ctx context.Context, key string, now, amount int64, id 
 	switch {
 	case errors.Is(err, errGranted):
 		d, _, err = z.Peek(ctx, key, now)
-		return d, false, err
+		if err != nil || !z.store.unanswered.answer(rkey, id) {
+			return d, false, err
+		}
+		// Applied by an earlier call whose answer was lost: announced
+		// and reported now.
 	case err != nil:
+		if id != "" {
+			z.store.unanswered.add(rkey, id, storage.Horizon(&z.limit))
+		}
 		return d, false, fmt.Errorf("redis store: grant %q: %w", z.name, err)
+	case id != "":
+		z.store.unanswered.answer(rkey, id) // an earlier call, if any, never ran
 	}
 	if err := z.store.announce(ctx, rkey, amount); err != nil {
 		return d, true, fmt.Errorf("redis store: grant %q: %w", z.name, err)

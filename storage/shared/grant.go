@@ -17,14 +17,71 @@ var ErrNoGrants = errors.New("its store keeps no grants")
 // grantIDs keeps the ids of the grants made on stores that keep no ids
 // themselves (memory), so that a grant sent again with the same id is
 // applied once per store, key and window.
-var grantIDs = struct {
-	sync.Mutex
-	m map[string]int64 // scope, key and id -> until (monotonic µs)
-}{m: map[string]int64{}}
+var grantIDs = idSet{max: maxGrantIDs}
 
-// maxGrantIDs is how many ids grantIDs keeps before it drops those whose
-// window has ended.
+// maxGrantIDs bounds the ids grantIDs keeps: past it, the oldest is
+// forgotten, even if its window has not ended.
 const maxGrantIDs = 10_000
+
+// idSet is a set of ids, each kept until a time of its own, bounded by
+// max: the ids in a map, and in a queue in the order they were added,
+// from which expired ones are dropped as new ones come and, when max are
+// kept, the oldest. Each id is queued once and dropped once: a grant's
+// work is O(1), amortised. The zero value (max 0) keeps every id.
+type idSet struct {
+	sync.Mutex
+	max   int
+	m     map[string]int64 // id -> until (monotonic µs)
+	queue []queuedID       // queue[head:]: the ids in the order added
+	head  int
+}
+
+// queuedID is an id as queued, with the until it was added with: an id
+// dropped once expired and added again is queued twice, and only its
+// latest entry stands for it in the map.
+type queuedID struct {
+	id    string
+	until int64
+}
+
+// has reports whether id is kept and its time has not come at now.
+// s must be locked.
+func (s *idSet) has(id string, now int64) bool {
+	until, ok := s.m[id]
+	return ok && now < until
+}
+
+// add keeps id until until, dropping at now the oldest ids whose time has
+// come, and the oldest of all while max are kept. s must be locked.
+func (s *idSet) add(id string, now, until int64) {
+	if s.m == nil {
+		s.m = map[string]int64{}
+	}
+	for s.head < len(s.queue) {
+		q := s.queue[s.head]
+		expired := now >= q.until
+		if !expired && (s.max <= 0 || len(s.m) < s.max) {
+			break
+		}
+		if u, ok := s.m[q.id]; ok && u == q.until {
+			delete(s.m, q.id)
+		}
+		s.queue[s.head] = queuedID{}
+		s.head++
+	}
+	if s.head > len(s.queue)/2 {
+		// Reuse the dropped half: each id is copied at most once per
+		// time the queue's length doubles.
+		n := copy(s.queue, s.queue[s.head:])
+		clear(s.queue[n:])
+		s.queue, s.head = s.queue[:n], 0
+	}
+	s.m[id] = until
+	s.queue = append(s.queue, queuedID{id, until})
+}
+
+// len returns how many ids are kept, expired or not. s must be locked.
+func (s *idSet) len() int { return len(s.m) }
 
 // GrantOnce grants amount to key on l, whose limit is limit, once for id
 // (none if ""): on a store that keeps ids (Redis), in its script; on
@@ -46,21 +103,14 @@ func GrantOnce(ctx context.Context, l storage.Limiter, limit *algorithms.Limit, 
 	mono := Micros()
 	grantIDs.Lock()
 	defer grantIDs.Unlock()
-	if until, ok := grantIDs.m[name]; ok && mono < until {
+	if grantIDs.has(name, mono) {
 		d, _, err = l.Peek(ctx, key, now)
 		return d, false, err
-	}
-	if len(grantIDs.m) >= maxGrantIDs {
-		for k, until := range grantIDs.m {
-			if mono >= until {
-				delete(grantIDs.m, k)
-			}
-		}
 	}
 	if d, err = g.Grant(ctx, key, now, amount); err != nil {
 		return d, false, err
 	}
-	grantIDs.m[name] = mono + storage.Horizon(limit)
+	grantIDs.add(name, mono, mono+storage.Horizon(limit))
 	return d, true, nil
 }
 

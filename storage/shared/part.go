@@ -33,6 +33,10 @@ type Zone struct {
 	// Settles: the part's zone settles its charge when the response is
 	// complete (count_response, cost_response).
 	Settles bool
+	// Delays: the part's zone may delay an admitted request before it
+	// goes on (a leaky_bucket with max_delay, not a dry run), and gives
+	// its charge back if the request ends while it waits.
+	Delays bool
 	// Adaptive is the part's state when it is an adaptive concurrency
 	// limit (concurrency adaptive), decided in this process by
 	// AdmitAdaptive before the other parts, whatever their store; else
@@ -78,6 +82,12 @@ func (p *Part[Z]) HoldsSlot() bool {
 // complete. A cost of 0 settles too: its excess is owed.
 func (p *Part[Z]) Settles() bool {
 	return p.Zone.Settles && p.Zone.Rate && p.D.Allowed && !storage.Skipped(p.D)
+}
+
+// Waits reports whether p admitted its request with a delay to wait
+// before it goes on (see Zone.Delays).
+func (p *Part[Z]) Waits() bool {
+	return p.Zone.Delays && p.D.Allowed && p.D.Delay > 0 && !storage.Skipped(p.D)
 }
 
 // localSlot is the local copy that a slot p holds on the shared store is

@@ -144,7 +144,7 @@ func (s *Store[Z]) takeAll(ctx context.Context, now int64, parts []Part[Z]) (rej
 	pool := s.Pool
 	var buf [InlineParts]redisstore.Request
 	reqs := buf[:0]
-	settling := false
+	holding := false
 	for i := range parts {
 		p := &parts[i]
 		lim, ok := p.Zone.Limiter.(*Limiter)
@@ -152,15 +152,16 @@ func (s *Store[Z]) takeAll(ctx context.Context, now int64, parts []Part[Z]) (rej
 			return -1, fmt.Errorf("part %d of the request is not on this Redis storage", i)
 		}
 		reqs = append(reqs, redisstore.Request{Zone: lim.inner, Key: p.Key, Cost: p.Cost, DryRun: p.Zone.DryRun, Strike: p.Strike})
-		settling = settling || p.Zone.Settles
+		holding = holding || p.Zone.Settles || p.Zone.Delays
 	}
-	if settling {
-		// A request to settle when its response is complete holds the
-		// client open until it has (see Settled): a reload may retire
-		// the client meanwhile.
+	if holding {
+		// A request to settle when its response is complete, or that
+		// waits for its place and gives it back if it ends meanwhile,
+		// holds the client open until it has settled or gone on (see
+		// Holds and Settled): a reload may retire the client meanwhile.
 		if pool.acquire() {
 			defer func() {
-				if err != nil || rejected >= 0 || !Settles(parts) {
+				if err != nil || rejected >= 0 || !Holds(parts) {
 					pool.release()
 				}
 			}()
@@ -237,8 +238,22 @@ func (p *Part[Z]) Settle(ctx context.Context, now, actual int64) error {
 	return nil
 }
 
-// Settled ends what Decide began for a request to settle once its
-// settlements are made (or kept): the client it decided on may close.
+// Holds reports whether an admitted request holds the client its parts
+// were decided on until Settled: a part settles (see Settles), or waits
+// for its place (see Part.Waits), whose give-back, if the request ends
+// while it waits, must reach the store through that client.
+func Holds[Z any](parts []Part[Z]) bool {
+	for i := range parts {
+		if parts[i].Settles() || parts[i].Waits() {
+			return true
+		}
+	}
+	return false
+}
+
+// Settled ends what Decide began for a request that Holds, once its
+// settlements are made (or kept) and its wait is over: the client it
+// decided on may close.
 func (s *Store[Z]) Settled(parts []Part[Z]) {
 	if s.Pool == nil {
 		return
