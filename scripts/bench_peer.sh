@@ -6,8 +6,9 @@
 # go.mod), runs both at once on free loopback ports, and each round measures
 # in turn, with the same keys:
 #   - Tollgate's Caddy: a bare `respond` route, a memory zone allowing every
-#     request with the default ietf headers, and the same zone with
-#     `headers none`;
+#     request with the default ietf headers, the same zone with
+#     `headers none`, and the zone as mholt's users write it (`events 100`,
+#     `window 1s`: a sliding_log), with the default headers;
 #   - mholt's Caddy: a bare `respond` route, and a zone allowing every
 #     request (mholt sends no rate-limit headers; its state is a ring of
 #     `events` times per key, so its events are kept small: 100 per second).
@@ -61,13 +62,14 @@ EOF
 )
 
 # A site a route (see globals in benchlib.sh).
-tb=$(freeport) tm=$(freeport) tn=$(freeport) ta=$(freeport)
+tb=$(freeport) tm=$(freeport) tn=$(freeport) tl=$(freeport) ta=$(freeport)
 mb=$(freeport) mm=$(freeport) ma=$(freeport)
 {
 	globals "$ta"
 	site "$tb" ""
 	site "$tm" "$(zone mem $'\t\t\trate 1000000/s')"
 	site "$tn" "$(zone memnone $'\t\t\trate 1000000/s' $'\t\theaders none')"
+	site "$tl" "$(zone memlog $'\t\t\tevents 100\n\t\t\twindow 1s')"
 } >"$dir/Caddyfile.tollgate"
 {
 	globals "$ma"
@@ -97,11 +99,11 @@ run "$tpid" "$tb" >/dev/null # warm up
 run "$mpid" "$mb" >/dev/null
 
 echo "wrk -c$conns, ${secs}s per route, $nkeys keys, $rounds rounds; ratios to the same Caddy's bare route in the same round"
-routes=("$tpid $tb" "$tpid $tm" "$tpid $tn" "$mpid $mb" "$mpid $mm")
-names=(tollgate-bare memory memory-none mholt-bare mholt)
+routes=("$tpid $tb" "$tpid $tm" "$tpid $tn" "$tpid $tl" "$mpid $mb" "$mpid $mm")
+names=(tollgate-bare memory memory-none memory-log mholt-bare mholt)
 for round in $(seq "$rounds"); do
-	for i in 0 1 2 3 4; do
-		j=$(((i + round) % 5))
+	for i in "${!routes[@]}"; do
+		j=$(((i + round) % ${#routes[@]}))
 		# shellcheck disable=SC2086
 		res=$(run ${routes[$j]}) # a failed run stops the script here
 		echo "$round ${names[$j]} $res"
@@ -120,6 +122,7 @@ def show(label, name, bare):
 print("medians (range) of the rounds' ratios to bare:")
 show("Tollgate memory zone, ietf headers", "memory", "tollgate-bare")
 show("Tollgate memory zone, headers none", "memory-none", "tollgate-bare")
+show("Tollgate as mholt's users write it", "memory-log", "tollgate-bare")
 show("mholt/caddy-ratelimit v0.1.0", "mholt", "mholt-bare")
 print(f"  bare requests/s, medians: Tollgate's Caddy {statistics.median(d[r]['tollgate-bare'][0] for r in d):.0f}, mholt's Caddy {statistics.median(d[r]['mholt-bare'][0] for r in d):.0f}")
 EOF
