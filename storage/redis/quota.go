@@ -1,0 +1,429 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+)
+
+// Quota leases (see algorithms/lease.go): a key that this instance sees
+// often is decided in its memory from a slice of the key's quota that one
+// script debited on Redis, in the same step as a request's decision,
+// before any of it is spent. Every instance's leases are charged on Redis
+// as if spent at once, so what all of them admit never passes the limit,
+// whoever dies holding what.
+//
+// The store keeps one entry per key it decided recently on a leasing zone
+// (a book of them, sharded): the key's demand on this instance (the cost
+// asked in the last two periods of a lease's life) and the lease it
+// holds, if any. A key asked for at least 2*MinQuotaLease events in a period
+// is hot: its next decision that no lease answers is a lease call (op
+// 'l'), which decides the request, ends the key's previous lease (what is
+// left of it goes back in the same script) and takes a new one sized
+// from the demand, twice the last period's, which the script caps at
+// 1/QuotaLeaseShare of what the key has left. A cold key costs the map entry
+// and keeps one round trip a decision.
+//
+// A lease is spent only before its end: its life (on Redis's clock, from
+// its take) measured on this instance's monotonic clock from before the
+// call was sent, less 1/32 for clocks that tick at slightly different
+// rates, so that this instance stops spending before Redis's view of the
+// lease is over. What is left goes back when the key's next lease is
+// taken, or when the sweeper (one goroutine a store, every LeaseLife/4)
+// finds the lease over or the key quiet for a quarter of a life, on
+// Close, and when the zone closes (a reload). A return whose call fails
+// is not tried again (it may have been applied; applying it twice would
+// mint quota): that lease is lost, which errs towards refusing.
+//
+// A reset any instance announces drops this instance's lease on the key
+// (the reset gave it back); a grant ends it, so that the next decision
+// sees the grant.
+
+// DefaultLeaseLife is how long a quota lease lives at most: short, so that
+// what an instance that dies takes with it is small and soon back (a
+// bucket's), and a reset another instance misses the announcement of
+// reaches this one within it.
+const DefaultLeaseLife = 250 * time.Millisecond
+
+// leaseShards is how many shards the book has.
+const leaseShards = 32
+
+// book is a store's quota leases, by Redis key.
+type book struct {
+	s      *Store
+	life   int64 // µs
+	seed   maphash.Seed
+	shards [leaseShards]leaseShard
+	clock  func() time.Duration // monotonic: since the book began (tests replace it)
+	wall   func() int64         // this instance's clock in µs, for a calendar window's span
+
+	stats LeaseStats
+
+	mu      sync.Mutex // guards started, closed, stop and done
+	started bool
+	closed  bool
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// LeaseStats counts a store's quota leases.
+type LeaseStats struct {
+	// Taken counts leases taken; Returned those that gave unspent quota
+	// back; Expired those that ended unspent while their key was quiet
+	// or at the end of their life; Decisions the requests decided from a
+	// lease, without a round trip.
+	Taken, Returned, Expired, Decisions atomic.Int64
+	// Lost counts leases whose return failed.
+	Lost atomic.Int64
+}
+
+type leaseShard struct {
+	mu sync.Mutex
+	m  map[string]*keyLease
+}
+
+// keyLease is one key's entry in the book.
+type keyLease struct {
+	mu   sync.Mutex
+	z    *zone
+	rkey string
+
+	// Demand: milli-units asked since period began, and in the period
+	// before.
+	period      time.Duration
+	asked, last int64
+	used        time.Duration // the last decision on the key
+
+	// The lease: n events (0: none), left milli-units of them, taken at
+	// Redis's µs taken, living life µs; spent until end on the book's
+	// clock, sent at start; reset the decision's Reset when taken.
+	n, left, taken, life, reset int64
+	start, end                  time.Duration
+	fetching                    bool // a lease call is out
+}
+
+func newBook(s *Store) *book {
+	b := &book{s: s, life: DefaultLeaseLife.Microseconds(), seed: maphash.MakeSeed()}
+	begin := time.Now()
+	b.clock = func() time.Duration { return time.Since(begin) }
+	b.wall = func() int64 { return time.Now().UnixMicro() }
+	for i := range b.shards {
+		b.shards[i].m = make(map[string]*keyLease)
+	}
+	return b
+}
+
+// WithLeaseLife sets how long a quota lease lives (DefaultLeaseLife when
+// not called); 0 or less takes no leases. Call it before s decides
+// anything. It returns s.
+func (s *Store) WithLeaseLife(d time.Duration) *Store {
+	s.book.life = d.Microseconds()
+	return s
+}
+
+// Leases returns the store's lease counters.
+func (s *Store) Leases() *LeaseStats { return &s.book.stats }
+
+func (b *book) shard(rkey string) *leaseShard {
+	return &b.shards[maphash.String(b.seed, rkey)%leaseShards]
+}
+
+// entry returns rkey's entry, made for z if there is none.
+func (b *book) entry(rkey string, z *zone) *keyLease {
+	sh := b.shard(rkey)
+	sh.mu.Lock()
+	h := sh.m[rkey]
+	if h == nil {
+		h = &keyLease{z: z, rkey: rkey, period: b.clock()}
+		sh.m[rkey] = h
+	}
+	sh.mu.Unlock()
+	return h
+}
+
+// lookup returns rkey's entry, or nil.
+func (b *book) lookup(rkey string) *keyLease {
+	sh := b.shard(rkey)
+	sh.mu.Lock()
+	h := sh.m[rkey]
+	sh.mu.Unlock()
+	return h
+}
+
+// note counts cost milli-units asked at t, in periods of a lease's life.
+func (h *keyLease) note(t time.Duration, cost, life int64) {
+	p := time.Duration(life) * time.Microsecond
+	if since := t - h.period; since >= p {
+		h.last = 0
+		if since < 2*p {
+			h.last = h.asked
+		}
+		h.asked, h.period = 0, t
+	}
+	h.asked += cost
+	h.used = t
+}
+
+// want is the events a lease is asked for: twice the last period's
+// demand, or 0 for a key that is not hot.
+func (h *keyLease) want() int64 {
+	if h.last < 2*algorithms.MinQuotaLease*algorithms.Milli {
+		return 0
+	}
+	return 2 * h.last / algorithms.Milli
+}
+
+// ended is the lease h held, detached from it: what a return gives back.
+type ended struct {
+	unspent, taken, life int64
+}
+
+// detach ends h's lease here and returns it (taken 0: none).
+func (h *keyLease) detach() ended {
+	if h.n == 0 {
+		return ended{}
+	}
+	e := ended{unspent: h.left / algorithms.Milli, taken: h.taken, life: h.life}
+	h.n, h.left, h.taken = 0, 0, 0
+	return e
+}
+
+// worth reports whether returning e can give anything back: unspent
+// events, or a bucket's refill not lived.
+func (e ended) worth(z *zone, t, start time.Duration) bool {
+	if e.taken == 0 {
+		return false
+	}
+	if e.unspent > 0 {
+		return true
+	}
+	return z.limit.Kind != algorithms.FixedWindow && (t-start).Microseconds() < e.life
+}
+
+// spend decides the one request p, of cost milli-units, from this
+// instance's lease on its key, without a round trip, if it can (ok). If
+// not, h is the key's entry when the key is hot enough for a lease call
+// (see fetch), else nil.
+func (s *Store) spend(p *part, cost int64) (v Verdict, h *keyLease, ok bool) {
+	b, z := s.book, p.z
+	if p.op != opCheck || cost <= 0 || b.life <= 0 {
+		return Verdict{}, nil, false
+	}
+	h = b.entry(p.key, z)
+	t := b.clock()
+	h.mu.Lock()
+	h.note(t, cost, b.life)
+	if h.n > 0 && h.z == z && t < h.end && h.left >= cost {
+		h.left -= cost
+		elapsed := (t - h.start).Microseconds()
+		d := algorithms.Decision{Allowed: true, Remaining: h.left / algorithms.Milli, Reset: max(0, h.reset-elapsed), At: h.taken + elapsed}
+		h.mu.Unlock()
+		b.stats.Decisions.Add(1)
+		return Verdict{Decisions: []algorithms.Decision{d}, Rejected: -1}, nil, true
+	}
+	hot := h.want() > 0 && !h.fetching
+	h.mu.Unlock()
+	if !hot {
+		return Verdict{}, nil, false
+	}
+	return Verdict{}, h, false
+}
+
+// fetch decides p by a lease call on h's key, which ends the lease h
+// holds and takes a new one. It reports false, having done nothing, when
+// another lease call on the key is out.
+func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part) (Verdict, bool, error) {
+	b, z := s.book, p.z
+	t := b.clock()
+	h.mu.Lock()
+	want := h.want()
+	if want == 0 || h.fetching {
+		h.mu.Unlock()
+		return Verdict{}, false, nil
+	}
+	h.fetching = true
+	old := h.detach()
+	h.z = z
+	h.mu.Unlock()
+	if old.taken != 0 {
+		b.stats.Returned.Add(1)
+	}
+
+	d, n, life, err := z.lease(ctx, now, p.key, p.x, want, b.life, old)
+	h.mu.Lock()
+	h.fetching = false
+	if err == nil && n > 0 {
+		h.n, h.left, h.taken, h.life, h.reset = n, n*algorithms.Milli, d.At, life, d.Reset
+		h.start = t
+		h.end = t + time.Duration(life-life/32)*time.Microsecond
+	}
+	h.mu.Unlock()
+	if err != nil {
+		if old.taken != 0 {
+			b.stats.Lost.Add(1)
+		}
+		return Verdict{}, true, fmt.Errorf("redis store: take %q: %w", z.name, err)
+	}
+	if n > 0 {
+		b.stats.Taken.Add(1)
+		b.start()
+	}
+	rejected := -1
+	if !d.Allowed && p.block {
+		rejected = 0
+	}
+	return Verdict{Decisions: []algorithms.Decision{d}, Rejected: rejected, Decided: true, Clock: d.At}, true, nil
+}
+
+// lease runs a lease call (op 'l', see single.lua) for the Redis key
+// rkey: a take of x, after ending old, and a lease of up to want events
+// for life µs.
+func (z *zone) lease(ctx context.Context, now int64, rkey string, x, want, life int64, old ended) (algorithms.Decision, int64, int64, error) {
+	if err := ctx.Err(); err != nil {
+		return algorithms.Decision{}, 0, 0, err
+	}
+	c := newCall(z.script, z.store.fns.fcall(), 2)
+	c.args = append(c.args, rkey, resetMark(rkey), word(opLease), z.store.clock(now), z.store.ttlSlack, z.arg(x), want, life)
+	c.args = append(c.args, z.constsAt(now)...)
+	c.args = append(c.args, old.unspent, old.taken, old.life)
+	v, err := z.store.run.run(ctx, c)
+	if err != nil {
+		return algorithms.Decision{}, 0, 0, err
+	}
+	if len(v) != 8 {
+		return algorithms.Decision{}, 0, 0, fmt.Errorf("%w: %v", errReply, v)
+	}
+	return decision(v), v[6], v[7], nil
+}
+
+// endLease returns old, a lease on the Redis key rkey (op 'e').
+func (z *zone) endLease(ctx context.Context, now int64, rkey string, old ended) error {
+	c := newCall(z.script, z.store.fns.fcall(), 2)
+	c.args = append(c.args, rkey, resetMark(rkey), word(opEndLease), z.store.clock(now), z.store.ttlSlack, old.unspent, old.taken, old.life)
+	c.args = append(c.args, z.constsAt(now)...)
+	c.await = true
+	v, err := z.store.run.run(ctx, c)
+	if err == nil && len(v) != 0 {
+		err = fmt.Errorf("%w: %v", errReply, v)
+	}
+	return err
+}
+
+// heard follows a reset (grant 0) of the Redis key rkey, or a grant to
+// it, that this instance made or heard of: a reset gave the key's lease
+// back, which this instance then forgets; a grant ends it at the key's
+// next decision, whose lease call returns what is left and sees the grant.
+func (b *book) heard(rkey string, grant int64) {
+	h := b.lookup(rkey)
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	if grant == 0 {
+		h.detach()
+	} else {
+		h.end = 0
+	}
+	h.mu.Unlock()
+}
+
+// start starts the sweeper, once, unless the book is closed.
+func (b *book) start() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started || b.closed {
+		return
+	}
+	b.started = true
+	b.stop, b.done = make(chan struct{}), make(chan struct{})
+	go b.loop(b.stop, b.done)
+}
+
+func (b *book) loop(stop, done chan struct{}) {
+	defer close(done)
+	tick := time.NewTicker(time.Duration(b.life) * time.Microsecond / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			b.sweep(b.clock(), nil)
+		}
+	}
+}
+
+// sweep returns, at t, the leases that are over or whose keys are quiet
+// (a quarter of a life without a decision), all of them if only is
+// everything, or those of zone only; and forgets the keys that hold none
+// and were not asked for in two lives.
+func (b *book) sweep(t time.Duration, only func(*zone) bool) {
+	quiet := time.Duration(b.life) * time.Microsecond / 4
+	var due []*keyLease
+	var ends []ended
+	var starts []time.Duration
+	for i := range b.shards {
+		sh := &b.shards[i]
+		sh.mu.Lock()
+		for k, h := range sh.m {
+			h.mu.Lock()
+			switch {
+			case h.fetching:
+			case h.n > 0 && (only != nil && only(h.z) || only == nil && (t >= h.end || t-h.used >= quiet)):
+				start := h.start
+				e := h.detach()
+				due, ends, starts = append(due, h), append(ends, e), append(starts, start)
+			case h.n == 0 && only == nil && t-h.used >= 8*quiet:
+				delete(sh.m, k)
+			}
+			h.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	for i, h := range due {
+		e := ends[i]
+		if !e.worth(h.z, t, starts[i]) {
+			b.stats.Expired.Add(1)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := h.z.endLease(ctx, b.wall(), h.rkey, e)
+		cancel()
+		if err != nil {
+			b.stats.Lost.Add(1)
+			continue
+		}
+		b.stats.Returned.Add(1)
+	}
+}
+
+// close stops the sweeper and returns every lease.
+func (b *book) close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.closed = true
+	stop, done := b.stop, b.done
+	b.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+	b.sweep(b.clock(), func(*zone) bool { return true })
+}
+
+// CloseLeases returns every lease the zone l holds on this store's keys
+// (a zone a reload retires): its keys are decided by the zones that
+// replace it from then on.
+func (z *zone) CloseLeases() {
+	if z.store.book != nil {
+		z.store.book.sweep(z.store.book.clock(), func(o *zone) bool { return o == z })
+	}
+}
