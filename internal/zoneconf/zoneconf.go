@@ -34,6 +34,7 @@ type Zone struct {
 	IPv6Prefix  int
 
 	OnStorageError string
+	Lease          string
 
 	Concurrency      int64
 	ConcurrencyLease time.Duration
@@ -77,6 +78,7 @@ type Settings struct {
 	Cost           int64  // constant cost, milli
 	DefaultCost    int64  // milli
 	OnError        OnError
+	Lease          bool      // quota leases allowed (lease on), where the algorithm and the response options allow
 	Response       *Response // count_response, cost_response; nil without them
 	RequestJSON    []string  // the paths of cost's {http.rate_limit.request.json.*}
 }
@@ -184,6 +186,14 @@ func Parse(zc Zone) (Settings, error) {
 	}
 	if err := zc.response(&s); err != nil {
 		return s, err
+	}
+
+	switch zc.Lease {
+	case "", "on":
+		s.Lease = true
+	case "off":
+	default:
+		return s, fmt.Errorf("lease: must be on or off, got %q", zc.Lease)
 	}
 
 	switch zc.OnStorageError {

@@ -71,6 +71,18 @@ type book struct {
 	done    chan struct{}
 }
 
+// leaseTotals counts the quota leases of every store of the process
+// (see LeaseTotals).
+var leaseTotals LeaseStats
+
+// LeaseTotals returns the counts of every store of the process, across
+// reloads: the leases taken, returned, expired and lost, and the
+// decisions made from a lease.
+func LeaseTotals() (taken, returned, expired, lost, decisions int64) {
+	t := &leaseTotals
+	return t.Taken.Load(), t.Returned.Load(), t.Expired.Load(), t.Lost.Load(), t.Decisions.Load()
+}
+
 // LeaseStats counts a store's quota leases.
 type LeaseStats struct {
 	// Taken counts leases taken; Returned those that gave unspent quota
@@ -224,6 +236,7 @@ func (s *Store) spend(p *part, cost int64) (v Verdict, h *keyLease, ok bool) {
 		d := algorithms.Decision{Allowed: true, Remaining: h.left / algorithms.Milli, Reset: max(0, h.reset-elapsed), At: h.taken + elapsed}
 		h.mu.Unlock()
 		b.stats.Decisions.Add(1)
+		leaseTotals.Decisions.Add(1)
 		return Verdict{Decisions: []algorithms.Decision{d}, Rejected: -1}, nil, true
 	}
 	hot := h.want() > 0 && !h.fetching
@@ -247,11 +260,17 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part) (Ver
 		return Verdict{}, false, nil
 	}
 	h.fetching = true
+	oldStart := h.start
 	old := h.detach()
 	h.z = z
 	h.mu.Unlock()
-	if old.taken != 0 {
+	switch {
+	case old.worth(z, t, oldStart):
 		b.stats.Returned.Add(1)
+		leaseTotals.Returned.Add(1)
+	case old.taken != 0:
+		b.stats.Expired.Add(1)
+		leaseTotals.Expired.Add(1)
 	}
 
 	d, n, life, err := z.lease(ctx, now, p.key, p.x, want, b.life, old)
@@ -266,11 +285,13 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part) (Ver
 	if err != nil {
 		if old.taken != 0 {
 			b.stats.Lost.Add(1)
+			leaseTotals.Lost.Add(1)
 		}
 		return Verdict{}, true, fmt.Errorf("redis store: take %q: %w", z.name, err)
 	}
 	if n > 0 {
 		b.stats.Taken.Add(1)
+		leaseTotals.Taken.Add(1)
 		b.start()
 	}
 	rejected := -1
@@ -312,6 +333,24 @@ func (z *zone) endLease(ctx context.Context, now int64, rkey string, old ended) 
 		err = fmt.Errorf("%w: %v", errReply, v)
 	}
 	return err
+}
+
+// outstanding is the milli-units this book's leases hold.
+func (b *book) outstanding() int64 {
+	var n int64
+	for i := range b.shards {
+		sh := &b.shards[i]
+		sh.mu.Lock()
+		for _, h := range sh.m {
+			h.mu.Lock()
+			if h.n > 0 {
+				n += h.left
+			}
+			h.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	return n
 }
 
 // heard follows a reset (grant 0) of the Redis key rkey, or a grant to
@@ -385,21 +424,32 @@ func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 		}
 		sh.mu.Unlock()
 	}
+	// The returns go out together: a pipelined store sends them in a
+	// few round trips.
+	var wg sync.WaitGroup
 	for i, h := range due {
 		e := ends[i]
 		if !e.worth(h.z, t, starts[i]) {
 			b.stats.Expired.Add(1)
+			leaseTotals.Expired.Add(1)
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := h.z.endLease(ctx, b.wall(), h.rkey, e)
-		cancel()
-		if err != nil {
-			b.stats.Lost.Add(1)
-			continue
-		}
-		b.stats.Returned.Add(1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			err := h.z.endLease(ctx, b.wall(), h.rkey, e)
+			cancel()
+			if err != nil {
+				b.stats.Lost.Add(1)
+				leaseTotals.Lost.Add(1)
+				return
+			}
+			b.stats.Returned.Add(1)
+			leaseTotals.Returned.Add(1)
+		}()
 	}
+	wg.Wait()
 }
 
 // close stops the sweeper and returns every lease.

@@ -31,10 +31,14 @@ type Limiter struct {
 	clock func() int64
 }
 
-// Close stops following resets.
+// Close stops following resets, and returns the quota leases the zone
+// holds (a reload retires it).
 func (l *Limiter) Close() {
 	if l.stopResets != nil {
 		l.stopResets()
+	}
+	if z, ok := l.inner.(interface{ CloseLeases() }); ok {
+		z.CloseLeases()
 	}
 }
 
