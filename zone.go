@@ -111,9 +111,9 @@ type Zone struct {
 	// it sees often from a lease: a small share of the key's quota
 	// debited on Redis before it is spent, returned when the lease ends
 	// (see docs/redis.md). Only token_bucket, gcra, a policing
-	// leaky_bucket and fixed_window lease, and only in a zone without
-	// count_response or cost_response; the memory store ignores it.
-	// Default: on.
+	// leaky_bucket, fixed_window and sliding_window lease, and only in a
+	// zone without count_response or cost_response; the memory store
+	// ignores it. Default: on.
 	Lease string `json:"lease,omitempty"`
 
 	// DryRun makes the zone record its decisions without rejecting.

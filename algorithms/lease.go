@@ -7,10 +7,15 @@ package algorithms
 // holds plus what every instance holds in leases never passes the limit,
 // whoever spends what: the lease is charged as if it were spent at once.
 //
-// A window algorithm (fixed_window, with or without a calendar) charges a
-// lease to the window it is taken in, and the lease ends with that window:
-// spent inside it, it is counted where it was spent. What is left of it
-// is given back to that window, or to nothing once the window is over.
+// A window algorithm (fixed_window, with or without a calendar, and
+// sliding_window) charges a lease to the window it is taken in, and the
+// lease ends with that window: spent inside it, it is counted where it was
+// spent. What is left of it is given back to that window, wherever it
+// still counts (a sliding_window's previous window), or to nothing. A
+// sliding_window admits a request while the previous window's weighted
+// count plus this window's is within the limit; the weight only falls
+// within a window, so a lease that passed that check when it was taken
+// passes it whenever it is spent in the same window.
 //
 // A bucket (token_bucket, gcra, a policing leaky_bucket) must also hold
 // its promise of at most burst + rate x t in ANY span t, not only from the
@@ -43,11 +48,11 @@ const MinQuotaLease = 2
 // Leasable reports whether l's keys may be decided from leases: the
 // bucket family while it polices (a shaping leaky_bucket orders requests
 // by their place in one queue, which only the shared state knows) and
-// fixed_window. sliding_window, sliding_log, concurrency and ban do not
-// lease.
+// the window algorithms of a count, fixed_window and sliding_window.
+// sliding_log, concurrency and ban do not lease.
 func (l *Limit) Leasable() bool {
 	switch l.Kind {
-	case TokenBucket, GCRA, FixedWindow:
+	case TokenBucket, GCRA, FixedWindow, SlidingWindow:
 		return true
 	case LeakyBucket:
 		return l.MaxDelay == 0
@@ -70,7 +75,7 @@ func LeaseSize(want, room int64) int64 {
 // refill of life (rounded up to whole events), which the lease is also
 // charged.
 func (l *Limit) leaseRoom(d *Decision, life int64) int64 {
-	if l.Kind == FixedWindow {
+	if l.window() {
 		return d.Remaining
 	}
 	return d.Remaining - ceilDiv(l.ticks(life), l.Unit)
@@ -80,7 +85,7 @@ func (l *Limit) leaseRoom(d *Decision, life int64) int64 {
 // algorithm counts cost (a Lua twin's x): ticks for the bucket family (n
 // events and life's refill), milli-units for a window.
 func (l *Limit) LeaseDebit(n, life int64) int64 {
-	if l.Kind == FixedWindow {
+	if l.window() {
 		return n * Milli
 	}
 	return n*l.Unit + l.ticks(life)
@@ -92,7 +97,7 @@ func (l *Limit) LeaseDebit(n, life int64) int64 {
 // the refill it did not live, in ticks, never below 0.
 func (l *Limit) LeaseCredit(unspent, life, elapsed int64) int64 {
 	unspent = max(unspent, 0)
-	if l.Kind == FixedWindow {
+	if l.window() {
 		return unspent * Milli
 	}
 	return max(0, unspent*l.Unit+l.ticks(life-max(elapsed, 0)))
@@ -120,8 +125,11 @@ func (l *Limit) LeaseTake(s *State, sp *Span, now, cost, want, life int64) (d De
 		return d, 0, 0 // cannot happen: the room was checked
 	}
 	lived = life
-	if l.Kind == FixedWindow {
+	switch l.Kind {
+	case FixedWindow:
 		lived = min(life, after.Reset)
+	case SlidingWindow:
+		lived = min(life, s.At+l.Window-after.At)
 	}
 	d.Remaining, d.Reset = after.Remaining+n, after.Reset
 	return d, n, lived
@@ -153,7 +161,15 @@ func (l *Limit) debit(s *State, sp *Span, now, x int64, d *Decision) {
 		}
 		now = l.roll(s, now)
 		l.fixed(s, now, x, true, s.At+l.Window-now, d)
+	case SlidingWindow:
+		l.slidingWindow(s, now, x, true, d)
 	}
+}
+
+// window reports whether l counts cost in windows (a lease's debit and
+// credit are milli-units).
+func (l *Limit) window() bool {
+	return l.Kind == FixedWindow || l.Kind == SlidingWindow
 }
 
 // LeaseEnd gives back, at now, what is left of a lease taken at taken
@@ -181,7 +197,7 @@ func (l *Limit) LeaseEnd(s *State, now, unspent, life int64, taken int64) {
 			return
 		}
 		l.setTAT(s, now, debt-min(l.LeaseCredit(unspent, life, now-taken), debt))
-	case FixedWindow:
+	case FixedWindow, SlidingWindow:
 		l.windowUndo(s, now, l.LeaseCredit(unspent, life, 0), Decision{At: taken})
 	}
 }

@@ -27,7 +27,7 @@ func TestLeaseSize(t *testing.T) {
 // TestLeaseTakeShrinksNearTheLimit: a key's leases shrink with what it
 // has left, to none near the limit.
 func TestLeaseTakeShrinksNearTheLimit(t *testing.T) {
-	for _, kind := range []Kind{TokenBucket, GCRA, FixedWindow} {
+	for _, kind := range []Kind{TokenBucket, GCRA, FixedWindow, SlidingWindow} {
 		t.Run(kind.String(), func(t *testing.T) {
 			l := mustNew(t, kind, 1000, sec, 0)
 			s := NewState(&l)
@@ -125,13 +125,17 @@ type instance struct {
 // algorithm's bound: B + r*t in any span for a bucket (not only from the
 // first request), N in each window for a fixed_window.
 func TestPropertyLeases(t *testing.T) {
-	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket, FixedWindow} {
+	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket, FixedWindow, SlidingWindow} {
 		t.Run(kind.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(44, uint64(kind)))
 			for range traces() {
 				l := randLeaseLimit(t, rng, kind)
 				admitted, leased := leaseTrace(t, rng, &l)
 				if leased == 0 {
+					continue
+				}
+				if kind == SlidingWindow {
+					checkSlidingBound(t, &l, admitted)
 					continue
 				}
 				if kind == FixedWindow {
@@ -153,7 +157,7 @@ func randLeaseLimit(t *testing.T, rng *rand.Rand, kind Kind) Limit {
 	n := 10 + rng.Int64N(200)
 	w := []int64{100 * ms, sec, 10 * sec}[rng.IntN(3)]
 	var burst int64
-	if kind != FixedWindow && rng.IntN(2) == 0 {
+	if kind != FixedWindow && kind != SlidingWindow && rng.IntN(2) == 0 {
 		burst = 1 + rng.Int64N(2*n)
 	}
 	return mustNew(t, kind, n, w, burst)
@@ -225,7 +229,7 @@ func TestLeasable(t *testing.T) {
 	}{
 		{TokenBucket, 0, true}, {GCRA, 0, true}, {FixedWindow, 0, true},
 		{LeakyBucket, 0, true}, {LeakyBucket, sec, false},
-		{SlidingWindow, 0, false}, {SlidingLog, 0, false},
+		{SlidingWindow, 0, true}, {SlidingLog, 0, false},
 	} {
 		l := mustNew(t, tc.kind, 10, sec, 0)
 		l.MaxDelay = tc.maxDelay
@@ -236,5 +240,26 @@ func TestLeasable(t *testing.T) {
 	c, _ := NewConcurrency(3, MinLease)
 	if c.Leasable() {
 		t.Error("concurrency: Leasable() = true")
+	}
+}
+
+// checkSlidingBound checks the sliding_window's definition on what was
+// admitted, at each admission: the previous window's count weighted by
+// the part of the sliding window still over it, plus this window's, is
+// at most N (as TestPropertySlidingWindow).
+func checkSlidingBound(t *testing.T, l *Limit, admitted []admission) {
+	t.Helper()
+	limit := l.Capacity()
+	sums := make(map[int64]int64)
+	for _, a := range admitted {
+		start := a.t - a.t%l.Window
+		sums[start] += a.cost
+		cur, prev, e := sums[start], sums[start-l.Window], a.t-start
+		if cur > limit {
+			t.Fatalf("%s: %s admitted in the window from %s", describe(l), events(cur), at(start))
+		}
+		if mulCmp(prev, l.Window-e, limit-cur, l.Window) > 0 {
+			t.Fatalf("%s: at %s, weighted count %s * %d/%d + %s is over N", describe(l), at(a.t), events(prev), l.Window-e, l.Window, events(cur))
+		}
 	}
 }

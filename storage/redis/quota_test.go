@@ -33,6 +33,8 @@ func leaseLimits(t *testing.T) []algorithms.Limit {
 		mustLimit(t, algorithms.LeakyBucket, 50, time.Second, 0, 0),
 		mustLimit(t, algorithms.FixedWindow, 200, time.Second, 0, 0),
 		mustLimit(t, algorithms.FixedWindow, 1000, time.Minute, 0, 0),
+		mustLimit(t, algorithms.SlidingWindow, 200, time.Second, 0, 0),
+		mustLimit(t, algorithms.SlidingWindow, 1000, 10*time.Second, 0, 0),
 		day,
 	}
 }
@@ -259,15 +261,22 @@ func leaseDecisions(stores []*Store) int64 {
 }
 
 // TestLeasesExactAcrossInstances: three instances on one Redis hammer one
-// fixed_window key, decided mostly from leases: never more than N
+// fixed_window key, and one sliding_window key (a fresh one: its previous
+// window counts nothing), decided mostly from leases: never more than N
 // admitted, and once the instances have returned what they hold, N in
 // all.
 func TestLeasesExactAcrossInstances(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
+	for _, kind := range []algorithms.Kind{algorithms.FixedWindow, algorithms.SlidingWindow} {
+		t.Run(kind.String(), func(t *testing.T) { leasesExact(t, c, kind) })
+	}
+}
+
+func leasesExact(t *testing.T, c *goredis.Client, kind algorithms.Kind) {
 	stores := instances(t, c, 3)
 	const n = 20_000
-	l := mustLimit(t, algorithms.FixedWindow, n, time.Hour, 0, 0)
+	l := mustLimit(t, kind, n, time.Hour, 0, 0)
 	zs := zoneOn(stores, "exact", l)
 	window := func() int64 { now := time.Now().UnixMicro(); return now - now%l.Window }
 	start := window()
@@ -451,5 +460,48 @@ func TestLeasesTokenBucket(t *testing.T) {
 	}
 	if decisions == 0 {
 		t.Error("no decision from a lease: the test tests nothing")
+	}
+}
+
+// TestLeasesReturnedOnClose: a zone that closes (a reload) returns its
+// leases at once, and so does a store that closes (shutdown): the count
+// on Redis falls to what was admitted before Close returns.
+func TestLeasesReturnedOnClose(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	l := mustLimit(t, algorithms.FixedWindow, 100_000, time.Hour, 0, 0)
+	for _, what := range []string{"zone", "store"} {
+		t.Run(what, func(t *testing.T) {
+			s := NewPipelined(c, "close:").WithDenyCache(c)
+			defer s.Close()
+			z := s.Zone(storage.Zone{Name: what, Limit: l, Lease: true})
+			rkey := s.Key(what, l.Kind, "k")
+			var admitted int64
+			for s.book.outstanding() == 0 {
+				if admitted > 10_000 {
+					t.Fatal("no lease after 10,000 requests")
+				}
+				v, err := s.Decide(context.Background(), time.Now().UnixMicro(), []Request{{Zone: z, Key: "k", Cost: algorithms.Milli}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if v.Rejected < 0 {
+					admitted++
+				}
+			}
+			held := s.book.outstanding() / algorithms.Milli
+			if what == "zone" {
+				z.(*zone).CloseLeases()
+			} else {
+				s.Close()
+			}
+			level, err := c.HGet(context.Background(), rkey, "level").Int64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if level/algorithms.Milli != admitted {
+				t.Errorf("after Close: Redis counts %d, want the %d admitted (%d were leased)", level/algorithms.Milli, admitted, held)
+			}
+		})
 	}
 }

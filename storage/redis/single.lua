@@ -61,7 +61,7 @@ if op == 'q' then
 	if d[1] ~= 1 or want <= 0 or life <= 0 then
 		return d
 	end
-	local window = code == 'fw' or code == 'fc'
+	local window = code == 'fw' or code == 'fc' or code == 'sw'
 	-- Limit.leaseRoom, LeaseSize and LeaseDebit: a bucket's c2 is its
 	-- unit, c4 its scale.
 	local room = d[2]
@@ -80,7 +80,9 @@ if op == 'q' then
 	if after[1] ~= 1 then
 		return d
 	end
-	if window then
+	if code == 'sw' then
+		life = math.min(life, c1 - (after[6] - quo(after[6], c1) * c1))
+	elseif window then
 		life = math.min(life, after[3])
 	end
 	d[2], d[3], d[7], d[8] = after[2] + n, after[3], n, life
