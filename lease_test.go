@@ -23,7 +23,7 @@ import (
 // without Redis (on_storage_error) on a loaded machine. Functions are off, so that each script Redis runs (an
 // EVALSHA) is one decision: the batch function would run several.
 func leasedInstances(addr, zone string) string {
-	cfg := globalOptions
+	cfg := withGlobal("metrics")
 	for i := 1; i <= 3; i++ {
 		cfg += fmt.Sprintf(`
 	http://localhost:908%d {
@@ -120,6 +120,7 @@ func leasesThroughCaddy(t *testing.T, c *goredis.Client, addr, lease string) {
 	start := hour()
 
 	calls := redistest.Calls(t, c, "fcall", "evalsha")
+	decisions0 := scrape(t)["caddy_http_rate_limit_lease_decisions_total"]
 	var admitted int64
 	for round := 0; ; round++ {
 		if round == 10 {
@@ -156,6 +157,18 @@ func leasesThroughCaddy(t *testing.T, c *goredis.Client, addr, lease string) {
 	// Every request refused is a round trip, but most admitted are not.
 	calls = redistest.Calls(t, c, "fcall", "evalsha") - calls
 	t.Logf("%d scripts run on Redis for %d admitted", calls, admitted)
+	// The metrics count the decisions made from leases.
+	m := scrape(t)
+	fromLeases := m["caddy_http_rate_limit_lease_decisions_total"] - decisions0
+	t.Logf("metrics: %v decisions from leases, %v leases taken, %v returned, %v expired, %v lost", fromLeases,
+		m["caddy_http_rate_limit_leases_taken_total"], m["caddy_http_rate_limit_leases_returned_total"],
+		m["caddy_http_rate_limit_leases_expired_total"], m["caddy_http_rate_limit_leases_lost_total"])
+	switch {
+	case lease == "on" && (fromLeases < float64(admitted)/2 || fromLeases > float64(admitted)):
+		t.Errorf("%v decisions from leases for %d admitted: want most, and no more", fromLeases, admitted)
+	case lease == "off" && fromLeases != 0:
+		t.Errorf("%v decisions from leases with lease off", fromLeases)
+	}
 	switch {
 	case lease == "on" && calls > admitted/2+3*24*40:
 		t.Errorf("%d scripts run on Redis for %d admitted: leases decided few", calls, admitted)
