@@ -2,6 +2,7 @@ package tollgate
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 )
@@ -177,5 +179,49 @@ func leasesThroughCaddy(t *testing.T, c *goredis.Client, addr, lease string) {
 	}
 	if admitted < n*99/100 {
 		t.Errorf("admitted %d, less than 99%% of %d once the leases were back", admitted, n)
+	}
+}
+
+// TestShowTellsLease: GET a key of the admin API tells the lease the
+// instance holds on it, while a load keeps it hot.
+func TestShowTellsLease(t *testing.T) {
+	srv := redistest.Start(t)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(leasedInstances(srv.Addr, "rate 1000000/h"), "caddyfile")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			url := fmt.Sprintf("http://localhost:908%d/", 1+c%3)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest(http.MethodGet, url, nil)
+				req.Header.Set("X-Client", "shown")
+				if resp, err := tester.Client.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer close(stop)
+	var st adminapi.KeyState
+	waitFor(t, "a lease in GET .../keys/shown", func() bool {
+		resp, err := http.Get(adminBase + "/rate_limit/zones/leased/keys/shown")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		st = adminapi.KeyState{}
+		return resp.StatusCode == 200 && json.NewDecoder(resp.Body).Decode(&st) == nil && st.Lease != nil
+	})
+	if st.Lease.Events <= 0 || st.Lease.Left <= 0 || st.Lease.Left > redisstore.DefaultLeaseLife.Seconds() {
+		t.Errorf("lease %+v: want events left, for at most %s", *st.Lease, redisstore.DefaultLeaseLife)
 	}
 }

@@ -477,3 +477,21 @@ func (z *zone) CloseLeases() {
 		z.store.book.sweep(z.store.book.clock(), func(o *zone) bool { return o == z })
 	}
 }
+
+// LeaseOf reports the lease this instance holds on key in this zone's
+// store: the whole events left in it and the µs until it ends (ok false:
+// none).
+func (z *zone) LeaseOf(key string) (events, left int64, ok bool) {
+	b := z.store.book
+	h := b.lookup(z.store.key(key, z.tail))
+	if h == nil {
+		return 0, 0, false
+	}
+	t := b.clock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n == 0 || t >= h.end {
+		return 0, 0, false
+	}
+	return h.left / algorithms.Milli, (h.end - t).Microseconds(), true
+}
