@@ -155,7 +155,7 @@ func runLeaseParity(t *testing.T, rng *rand.Rand, z *zone, l algorithms.Limit) {
 
 // instances returns n stores on c as n instances would have them
 // (pipelined, with a deny cache), closed when the test ends.
-func instances(t *testing.T, c *goredis.Client, n int) []*Store {
+func instances(t *testing.T, c goredis.UniversalClient, n int) []*Store {
 	t.Helper()
 	var out []*Store
 	for range n {
@@ -273,7 +273,26 @@ func TestLeasesExactAcrossInstances(t *testing.T) {
 	}
 }
 
-func leasesExact(t *testing.T, c *goredis.Client, kind algorithms.Kind) {
+// TestLeasesExactOnClusterAndSentinel: the same on a Redis Cluster (a
+// lease call's keys, the state and its reset mark, share a slot) and on a
+// Sentinel-managed primary.
+func TestLeasesExactOnClusterAndSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Cluster and a Sentinel")
+	}
+	t.Run("cluster", func(t *testing.T) {
+		cl := redistest.StartCluster(t, 3)
+		leasesExact(t, cl.Client(), algorithms.FixedWindow)
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		sn := redistest.StartSentinel(t)
+		c := goredis.NewFailoverClient(&goredis.FailoverOptions{MasterName: sn.Name, SentinelAddrs: sn.Sentinels})
+		t.Cleanup(func() { c.Close() })
+		leasesExact(t, c, algorithms.FixedWindow)
+	})
+}
+
+func leasesExact(t *testing.T, c goredis.UniversalClient, kind algorithms.Kind) {
 	stores := instances(t, c, 3)
 	const n = 20_000
 	l := mustLimit(t, kind, n, time.Hour, 0, 0)
