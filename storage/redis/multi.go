@@ -118,29 +118,18 @@ func (s *Store) Decide(ctx context.Context, now int64, reqs []Request) (Verdict,
 	if err != nil {
 		return Verdict{Rejected: -1}, fmt.Errorf("redis store: take all: %w", err)
 	}
-	var hot *keyLease
 	if len(parts) == 1 && parts[0].z.leases {
-		v, h, ok := s.spend(&parts[0], reqs[0].Cost)
-		if ok {
+		// A hot key: from a lease (see quota.go).
+		if v, ok, err := s.leased(ctx, now, parts, reqs[0].Cost); ok {
+			if err != nil {
+				return Verdict{Rejected: -1}, err
+			}
 			return v, nil
 		}
-		hot = h
 	}
 	if s.deny != nil {
 		if ds, rejected, ok := s.cached(now, parts); ok {
 			return Verdict{Decisions: ds, Rejected: rejected}, nil
-		}
-	}
-	if hot != nil {
-		v, ok, err := s.fetch(ctx, now, hot, &parts[0])
-		if err != nil {
-			return Verdict{Rejected: -1}, err
-		}
-		if ok {
-			if s.deny != nil && v.Rejected >= 0 && cacheable(parts, v.Decisions) {
-				s.deny.store(now, parts, v.Decisions)
-			}
-			return v, nil
 		}
 	}
 	ds, rejected, err := s.takeAll(ctx, now, parts)

@@ -40,9 +40,8 @@ import (
 // is not tried again (it may have been applied; applying it twice would
 // mint quota): that lease is lost, which errs towards refusing.
 //
-// A reset any instance announces drops this instance's lease on the key
-// (the reset gave it back); a grant ends it, so that the next decision
-// sees the grant.
+// A reset or a grant any instance announces ends this instance's lease on
+// the key (see heard).
 
 // DefaultLeaseLife is how long a quota lease lives at most: short, so that
 // what an instance that dies takes with it is small and soon back (a
@@ -59,6 +58,7 @@ type book struct {
 	life   int64 // µs
 	seed   maphash.Seed
 	shards [leaseShards]leaseShard
+	sketch [sketchSize]atomic.Uint64 // recent demand by hash (see often)
 	clock  func() time.Duration // monotonic: since the book began (tests replace it)
 	wall   func() int64         // this instance's clock in µs, for a calendar window's span
 
@@ -95,7 +95,7 @@ type LeaseStats struct {
 }
 
 type leaseShard struct {
-	mu sync.Mutex
+	mu sync.RWMutex
 	m  map[string]*keyLease
 }
 
@@ -116,7 +116,8 @@ type keyLease struct {
 	// clock, sent at start; reset the decision's Reset when taken.
 	n, left, taken, life, reset int64
 	start, end                  time.Duration
-	fetching                    bool // a lease call is out
+	fetching                    bool          // a lease call is out
+	done                        chan struct{} // closed when it is back
 }
 
 func newBook(s *Store) *book {
@@ -141,13 +142,14 @@ func (s *Store) WithLeaseLife(d time.Duration) *Store {
 // Leases returns the store's lease counters.
 func (s *Store) Leases() *LeaseStats { return &s.book.stats }
 
-func (b *book) shard(rkey string) *leaseShard {
-	return &b.shards[maphash.String(b.seed, rkey)%leaseShards]
+func (b *book) shard(hash uint64) *leaseShard {
+	return &b.shards[(hash>>32)%leaseShards]
 }
 
-// entry returns rkey's entry, made for z if there is none.
-func (b *book) entry(rkey string, z *zone) *keyLease {
-	sh := b.shard(rkey)
+// entry returns the entry of rkey, whose hash is hash, made for z if
+// there is none.
+func (b *book) entry(hash uint64, rkey string, z *zone) *keyLease {
+	sh := b.shard(hash)
 	sh.mu.Lock()
 	h := sh.m[rkey]
 	if h == nil {
@@ -158,13 +160,18 @@ func (b *book) entry(rkey string, z *zone) *keyLease {
 	return h
 }
 
-// lookup returns rkey's entry, or nil.
-func (b *book) lookup(rkey string) *keyLease {
-	sh := b.shard(rkey)
-	sh.mu.Lock()
+// lookup returns the entry of rkey, whose hash is hash, or nil.
+func (b *book) lookup(hash uint64, rkey string) *keyLease {
+	sh := b.shard(hash)
+	sh.mu.RLock()
 	h := sh.m[rkey]
-	sh.mu.Unlock()
+	sh.mu.RUnlock()
 	return h
+}
+
+// find returns rkey's entry, or nil.
+func (b *book) find(rkey string) *keyLease {
+	return b.lookup(maphash.String(b.seed, rkey), rkey)
 }
 
 // note counts cost milli-units asked at t, in periods of a lease's life.
@@ -181,13 +188,22 @@ func (h *keyLease) note(t time.Duration, cost, life int64) {
 	h.used = t
 }
 
-// want is the events a lease is asked for: twice the last period's
-// demand, or 0 for a key that is not hot.
-func (h *keyLease) want() int64 {
-	if h.last < 2*algorithms.MinQuotaLease*algorithms.Milli {
+// want is the events a lease is asked for at t, with periods of life
+// µs: twice the key's demand in a period, the last one's or, if more,
+// this one's so far at its rate (so that a key seen often since its
+// entry was made leases in its first period, for about as long as a
+// lease lives), or 0 for a key that is not hot (fewer than 2*MinQuotaLease
+// events asked in either).
+func (h *keyLease) want(t time.Duration, life int64) int64 {
+	if max(h.last, h.asked) < 2*algorithms.MinQuotaLease*algorithms.Milli {
 		return 0
 	}
-	return 2 * h.last / algorithms.Milli
+	d := h.last
+	if h.asked > d {
+		e := max((t - h.period).Microseconds(), life/16, 1)
+		d = max(d, h.asked*min(life/e, 16))
+	}
+	return 2 * d / algorithms.Milli
 }
 
 // ended is the lease h held, detached from it: what a return gives back.
@@ -217,49 +233,121 @@ func (e ended) worth(z *zone, t, start time.Duration) bool {
 	return z.limit.Kind != algorithms.FixedWindow && (t-start).Microseconds() < e.life
 }
 
-// spend decides the one request p, of cost milli-units, from this
-// instance's lease on its key, without a round trip, if it can (ok). If
-// not, h is the key's entry when the key is hot enough for a lease call
-// (see fetch), else nil.
-func (s *Store) spend(p *part, cost int64) (v Verdict, h *keyLease, ok bool) {
-	b, z := s.book, p.z
+// leased decides parts, one request on one leasing zone's key, from this
+// instance's lease on the key, without a round trip, if it can; else, if
+// the key is hot, by a lease call (see fetch), unless the deny cache
+// answers. A request that finds the key's lease spent while a lease call
+// for it is out waits for that call (its own round trip would be no
+// sooner) and spends from the new lease. It reports false when none of
+// this applies (a cold key): decide the request as usual.
+func (s *Store) leased(ctx context.Context, now int64, parts []part, cost int64) (Verdict, bool, error) {
+	b, p := s.book, &parts[0]
+	z := p.z
 	if p.op != opCheck || cost <= 0 || b.life <= 0 {
-		return Verdict{}, nil, false
+		return Verdict{}, false, nil
 	}
-	h = b.entry(p.key, z)
-	t := b.clock()
-	h.mu.Lock()
-	h.note(t, cost, b.life)
-	if h.n > 0 && h.z == z && t < h.end && h.left >= cost {
-		h.left -= cost
-		elapsed := (t - h.start).Microseconds()
-		d := algorithms.Decision{Allowed: true, Remaining: h.left / algorithms.Milli, Reset: max(0, h.reset-elapsed), At: h.taken + elapsed}
+	hash := maphash.String(b.seed, p.key)
+	h := b.lookup(hash, p.key)
+	if h == nil {
+		// A key seen for the first time in a while is cold, most of the
+		// time: it gets an entry only once the sketch saw it often.
+		seen := b.often(hash, cost)
+		if seen < 2*algorithms.MinQuotaLease*algorithms.Milli {
+			return Verdict{}, false, nil
+		}
+		h = b.entry(hash, p.key, z)
+	}
+	for try := 0; ; try++ {
+		t := b.clock()
+		h.mu.Lock()
+		if try == 0 {
+			h.note(t, cost, b.life)
+		}
+		if h.n > 0 && h.z == z && t < h.end && h.left >= cost {
+			h.left -= cost
+			elapsed := (t - h.start).Microseconds()
+			d := algorithms.Decision{Allowed: true, Remaining: h.left / algorithms.Milli, Reset: max(0, h.reset-elapsed), At: h.taken + elapsed}
+			h.mu.Unlock()
+			b.stats.Decisions.Add(1)
+			leaseTotals.Decisions.Add(1)
+			return Verdict{Decisions: []algorithms.Decision{d}, Rejected: -1}, true, nil
+		}
+		if h.fetching {
+			done := h.done
+			h.mu.Unlock()
+			if try >= 2 {
+				return Verdict{}, false, nil
+			}
+			select {
+			case <-done:
+				continue
+			case <-ctx.Done():
+				return Verdict{}, false, nil
+			}
+		}
+		want := h.want(t, b.life)
 		h.mu.Unlock()
-		b.stats.Decisions.Add(1)
-		leaseTotals.Decisions.Add(1)
-		return Verdict{Decisions: []algorithms.Decision{d}, Rejected: -1}, nil, true
+		if want == 0 {
+			return Verdict{}, false, nil
+		}
+		if s.deny != nil {
+			if ds, rejected, ok := s.cached(now, parts); ok {
+				return Verdict{Decisions: ds, Rejected: rejected}, true, nil
+			}
+		}
+		v, claimed, err := s.fetch(ctx, now, h, p, want)
+		if !claimed {
+			if try >= 2 {
+				return Verdict{}, false, nil
+			}
+			continue // another request's lease call went out first: wait for it
+		}
+		if err == nil && s.deny != nil && v.Rejected >= 0 && cacheable(parts, v.Decisions) {
+			s.deny.store(now, parts, v.Decisions)
+		}
+		return v, true, err
 	}
-	hot := h.want() > 0 && !h.fetching
-	h.mu.Unlock()
-	if !hot {
-		return Verdict{}, nil, false
-	}
-	return Verdict{}, h, false
 }
 
-// fetch decides p by a lease call on h's key, which ends the lease h
-// holds and takes a new one. It reports false, having done nothing, when
-// another lease call on the key is out.
-func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part) (Verdict, bool, error) {
+// sketchSize is how many counters the sketch of recent keys has.
+const sketchSize = 1 << 14
+
+// often counts a request of cost milli-units for the key of hash in the
+// sketch (counters shared by the keys of a hash's low bits, each counting
+// the current period of a lease's life), and returns its counter: the
+// milli-units asked for the key this period, or more (a key that
+// collides with others is found hot early, which costs only its entry).
+func (b *book) often(hash uint64, cost int64) int64 {
+	c := &b.sketch[hash&(sketchSize-1)]
+	period := uint64(b.clock() / (time.Duration(b.life) * time.Microsecond))
+	const bits = 40 // milli-units; the period above
+	for {
+		v := c.Load()
+		n := uint64(cost)
+		if v>>bits == period&(1<<(64-bits)-1) {
+			n += v & (1<<bits - 1)
+		}
+		if n >= 1<<bits {
+			n = 1<<bits - 1
+		}
+		if c.CompareAndSwap(v, period<<bits|n) {
+			return int64(n)
+		}
+	}
+}
+
+// fetch decides p by a lease call on h's key for want events, which ends
+// the lease h holds and takes a new one. It reports false, having done
+// nothing, when another lease call on the key is out.
+func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want int64) (Verdict, bool, error) {
 	b, z := s.book, p.z
 	t := b.clock()
 	h.mu.Lock()
-	want := h.want()
-	if want == 0 || h.fetching {
+	if h.fetching {
 		h.mu.Unlock()
 		return Verdict{}, false, nil
 	}
-	h.fetching = true
+	h.fetching, h.done = true, make(chan struct{})
 	oldStart := h.start
 	old := h.detach()
 	h.z = z
@@ -271,11 +359,14 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part) (Ver
 	case old.taken != 0:
 		b.stats.Expired.Add(1)
 		leaseTotals.Expired.Add(1)
+		old = ended{} // nothing to give back: the script skips the return
 	}
 
 	d, n, life, err := z.lease(ctx, now, p.key, p.x, want, b.life, old)
 	h.mu.Lock()
 	h.fetching = false
+	close(h.done)
+	h.done = nil
 	if err == nil && n > 0 {
 		h.n, h.left, h.taken, h.life, h.reset = n, n*algorithms.Milli, d.At, life, d.Reset
 		h.start = t
@@ -354,20 +445,18 @@ func (b *book) outstanding() int64 {
 }
 
 // heard follows a reset (grant 0) of the Redis key rkey, or a grant to
-// it, that this instance made or heard of: a reset gave the key's lease
-// back, which this instance then forgets; a grant ends it at the key's
-// next decision, whose lease call returns what is left and sees the grant.
+// it, that this instance made or heard of: the key's lease is spent no
+// more, and ends at the key's next lease call or the next sweep, whose
+// return sees the grant, or, after a reset, gives nothing back for a
+// lease taken before it (the reset gave it back: see single.lua's mark)
+// and all that is left of one taken since (the notice came late).
 func (b *book) heard(rkey string, grant int64) {
-	h := b.lookup(rkey)
+	h := b.find(rkey)
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
-	if grant == 0 {
-		h.detach()
-	} else {
-		h.end = 0
-	}
+	h.end = 0
 	h.mu.Unlock()
 }
 
@@ -404,6 +493,7 @@ func (b *book) loop(stop, done chan struct{}) {
 func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 	quiet := time.Duration(b.life) * time.Microsecond / 4
 	var due []*keyLease
+	var zones []*zone
 	var ends []ended
 	var starts []time.Duration
 	for i := range b.shards {
@@ -416,7 +506,7 @@ func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 			case h.n > 0 && (only != nil && only(h.z) || only == nil && (t >= h.end || t-h.used >= quiet)):
 				start := h.start
 				e := h.detach()
-				due, ends, starts = append(due, h), append(ends, e), append(starts, start)
+				due, zones, ends, starts = append(due, h), append(zones, h.z), append(ends, e), append(starts, start)
 			case h.n == 0 && only == nil && t-h.used >= 8*quiet:
 				delete(sh.m, k)
 			}
@@ -428,8 +518,8 @@ func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 	// few round trips.
 	var wg sync.WaitGroup
 	for i, h := range due {
-		e := ends[i]
-		if !e.worth(h.z, t, starts[i]) {
+		e, z := ends[i], zones[i]
+		if !e.worth(z, t, starts[i]) {
 			b.stats.Expired.Add(1)
 			leaseTotals.Expired.Add(1)
 			continue
@@ -438,7 +528,7 @@ func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			err := h.z.endLease(ctx, b.wall(), h.rkey, e)
+			err := z.endLease(ctx, b.wall(), h.rkey, e)
 			cancel()
 			if err != nil {
 				b.stats.Lost.Add(1)
@@ -483,7 +573,7 @@ func (z *zone) CloseLeases() {
 // none).
 func (z *zone) LeaseOf(key string) (events, left int64, ok bool) {
 	b := z.store.book
-	h := b.lookup(z.store.key(key, z.tail))
+	h := b.find(z.store.key(key, z.tail))
 	if h == nil {
 		return 0, 0, false
 	}
