@@ -59,8 +59,8 @@ type book struct {
 	seed   maphash.Seed
 	shards [leaseShards]leaseShard
 	sketch [sketchSize]atomic.Uint64 // recent demand by hash (see often)
-	clock  func() time.Duration // monotonic: since the book began (tests replace it)
-	wall   func() int64         // this instance's clock in µs, for a calendar window's span
+	clock  func() time.Duration      // monotonic: since the book began (tests replace it)
+	wall   func() int64              // this instance's clock in µs, for a calendar window's span
 
 	stats LeaseStats
 
