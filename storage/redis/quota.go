@@ -18,16 +18,16 @@ import (
 // as if spent at once, so what all of them admit never passes the limit,
 // whoever dies holding what.
 //
-// The store keeps one entry per key it decided recently on a leasing zone
-// (a book of them, sharded): the key's demand on this instance (the cost
-// asked in the last two periods of a lease's life) and the lease it
-// holds, if any. A key asked for at least 2*MinQuotaLease events in a period
-// is hot: its next decision that no lease answers is a lease call (op
-// 'l'), which decides the request, ends the key's previous lease (what is
-// left of it goes back in the same script) and takes a new one sized
-// from the demand, twice the last period's, which the script caps at
-// 1/QuotaLeaseShare of what the key has left. A cold key costs the map entry
-// and keeps one round trip a decision.
+// A sketch (counters by hash) counts the demand of keys in periods of a
+// lease's life; a key it saw often gets an entry in the store's book
+// (sharded): the key's demand on this instance and the lease it holds, if
+// any. A key asked for at least 2*MinQuotaLease events in a period is
+// hot: its next decision that no lease answers is a lease call (op 'q'),
+// which decides the request, ends the key's previous lease (what is left
+// of it goes back in the same script) and takes a new one sized from the
+// demand, twice a period's, which the script caps at 1/QuotaLeaseShare of
+// what the key has left. The key's other requests meanwhile wait for that
+// call. A cold key costs a counter and keeps one round trip a decision.
 //
 // A lease is spent only before its end: its life (on Redis's clock, from
 // its take) measured on this instance's monotonic clock from before the
@@ -392,7 +392,7 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 	return Verdict{Decisions: []algorithms.Decision{d}, Rejected: rejected, Decided: true, Clock: d.At}, true, nil
 }
 
-// lease runs a lease call (op 'l', see single.lua) for the Redis key
+// lease runs a lease call (op 'q', see single.lua) for the Redis key
 // rkey: a take of x, after ending old, and a lease of up to want events
 // for life µs.
 func (z *zone) lease(ctx context.Context, now int64, rkey string, x, want, life int64, old ended) (algorithms.Decision, int64, int64, error) {
