@@ -348,10 +348,24 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 		return Verdict{}, false, nil
 	}
 	h.fetching, h.done = true, make(chan struct{})
-	oldStart := h.start
+	oldStart, oldZone := h.start, h.z
 	old := h.detach()
 	h.z = z
 	h.mu.Unlock()
+	if oldZone != z && old.taken != 0 {
+		// A lease of the zone this one replaced (a reload, which may
+		// have changed the limit): returned as that zone took it.
+		oz, o := oldZone, old
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if oz.endLease(ctx, b.wall(), h.rkey, o) != nil {
+				b.stats.Lost.Add(1)
+				leaseTotals.Lost.Add(1)
+			}
+		}()
+		old = ended{}
+	}
 	switch {
 	case old.worth(z, t, oldStart):
 		b.stats.Returned.Add(1)

@@ -524,3 +524,51 @@ func TestLeasesReturnedOnClose(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseOfAReplacedZone: a reload that changes a zone's limit replaces
+// its limiter; the new one's first lease call on a key returns the old
+// one's lease on it as the old zone took it, and every lease comes back.
+func TestLeaseOfAReplacedZone(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := NewPipelined(c, "replaced:").WithDenyCache(c)
+	defer s.Close()
+	old := s.Zone(storage.Zone{Name: "z", Limit: mustLimit(t, algorithms.FixedWindow, 100_000, time.Hour, 0, 0), Lease: true})
+	admitted := int64(0)
+	decide := func(z storage.Limiter) {
+		t.Helper()
+		v, err := s.Decide(context.Background(), time.Now().UnixMicro(), []Request{{Zone: z, Key: "k", Cost: algorithms.Milli}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Rejected < 0 {
+			admitted++
+		}
+	}
+	for s.book.outstanding() == 0 {
+		if admitted > 10_000 {
+			t.Fatal("no lease after 10,000 requests")
+		}
+		decide(old)
+	}
+	replaced := s.Zone(storage.Zone{Name: "z", Limit: mustLimit(t, algorithms.FixedWindow, 200_000, time.Hour, 0, 0), Lease: true})
+	for range 100 {
+		decide(replaced)
+	}
+	s.Close()
+	rkey := s.Key("z", algorithms.FixedWindow, "k")
+	waitFor := time.Now().Add(5 * time.Second)
+	for {
+		level, err := c.HGet(context.Background(), rkey, "level").Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if level/algorithms.Milli == admitted {
+			return
+		}
+		if time.Now().After(waitFor) {
+			t.Fatalf("Redis counts %d, want the %d admitted: a lease was not returned", level/algorithms.Milli, admitted)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
