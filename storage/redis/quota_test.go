@@ -572,3 +572,49 @@ func TestLeaseOfAReplacedZone(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestLeaseDemand: under a fake clock, a key becomes hot (a lease is
+// wanted) once asked for 2*MinQuotaLease events in a period of a lease's
+// life, its first lease is sized from its rate so far, later ones from
+// the last period's demand, and a key that goes quiet is cold again.
+func TestLeaseDemand(t *testing.T) {
+	b := newBook(nil)
+	var now time.Duration
+	b.clock = func() time.Duration { return now }
+	life := b.life
+	ms := time.Millisecond
+	hash := uint64(12345)
+	// The sketch: three events in a period are not often; four are.
+	for i := range 3 {
+		if n := b.often(hash, algorithms.Milli); n != int64(i+1)*algorithms.Milli {
+			t.Fatalf("often after %d events = %d, want %d", i+1, n, (i+1)*algorithms.Milli)
+		}
+	}
+	now += time.Duration(life) * time.Microsecond // a new period forgets them
+	if n := b.often(hash, algorithms.Milli); n != algorithms.Milli {
+		t.Fatalf("often in a new period = %d, want %d", n, algorithms.Milli)
+	}
+
+	h := &keyLease{period: now}
+	steps := []struct {
+		at   time.Duration // since the period began
+		n    int           // events asked then
+		want int64
+	}{
+		{0, 3, 0},                // not hot yet
+		{10 * ms, 1, 2 * 16 * 4}, // 4 events in 10ms: at most 16x a period's worth (life/16)
+		{125 * ms, 4, 2 * 8 * 2}, // 8 in 125 ms: 16 a period
+		{250 * ms, 2, 2 * 8},     // a new period: the last one's 8
+		{600 * ms, 1, 0},         // a period without a request: cold
+	}
+	start := now
+	for i, st := range steps {
+		now = start + st.at
+		for range st.n {
+			h.note(now, algorithms.Milli, life)
+		}
+		if got := h.want(now, life); got != st.want {
+			t.Errorf("step %d: %d events at %s: want() = %d, want %d", i, st.n, st.at, got, st.want)
+		}
+	}
+}
