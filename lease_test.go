@@ -225,3 +225,27 @@ func TestShowTellsLease(t *testing.T) {
 		t.Errorf("lease %+v: want events left, for at most %s", *st.Lease, redisstore.DefaultLeaseLife)
 	}
 }
+
+// TestLeasedBucketThroughCaddy: three Caddy instances on one Redis hammer
+// one token_bucket key whose bucket is deep enough to lease: never more
+// than burst + rate x t, part of it decided from leases.
+func TestLeasedBucketThroughCaddy(t *testing.T) {
+	srv := redistest.Start(t)
+	tester := caddytest.NewTester(t)
+	const rate, burst = 2000, 4000
+	tester.InitServer(leasedInstances(srv.Addr, fmt.Sprintf("rate %d/s\n\t\t\t\tburst %d", rate, burst)), "caddyfile")
+	decisions0 := scrape(t)["caddy_http_rate_limit_lease_decisions_total"]
+	l := hammer(t, tester, "bucket", 24, 2*time.Second)
+	fromLeases := scrape(t)["caddy_http_rate_limit_lease_decisions_total"] - decisions0
+	upper := burst + rate*l.lastRecv.Sub(l.firstSend).Seconds()
+	t.Logf("admitted %d, B + r*T at most %.1f; %v decided from leases", l.admitted, upper, fromLeases)
+	if l.other != 0 {
+		t.Errorf("%d requests failed or got a status other than 200/429", l.other)
+	}
+	if float64(l.admitted) > upper+1 {
+		t.Errorf("admitted %d, above B + r*T = %.1f: the instances over-admitted", l.admitted, upper)
+	}
+	if fromLeases == 0 {
+		t.Error("no decision from a lease: the test tests nothing")
+	}
+}
