@@ -317,6 +317,13 @@ func showKey(w http.ResponseWriter, r *http.Request, zs []liveZone, key string) 
 				st.Allowed, st.Remaining = d.Allowed, ratelimitheader.ShownRemaining(d.Remaining)
 				st.Reset, st.Wait = float64(d.Reset)/microsPerSecond, float64(d.Wait)/microsPerSecond
 				st.Granted = float64(granted) / algorithms.Milli
+				if lo, can := p.Limiter.(interface {
+					LeaseOf(string) (int64, int64, bool)
+				}); can {
+					if n, left, ok := lo.LeaseOf(stored); ok {
+						st.Lease = &adminapi.LeaseState{Events: float64(n), Left: float64(left) / microsPerSecond}
+					}
+				}
 			}
 		}
 		if a := lz.z.adaptive; a != nil {

@@ -52,6 +52,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			concurrency  <n>                 # requests of one key in flight at once
 //			concurrency  adaptive [{ ... }]  # an in-flight limit that follows the upstream's latency (docs/reference.md)
 //			concurrency_lease <duration>     # Redis: a dead instance's slots free within this; default 30s
+//			lease        on|off              # Redis: decide hot keys from quota leases; default on
 //			ban          <duration>          # refuse a key this long once the zone rejected it ban_after times in a window
 //			ban_after    <n>                 # default 1
 //			tier <template> {                # the limit per value of template; others get the zone's
@@ -240,6 +241,8 @@ func (h *Handler) unmarshalZone(d *caddyfile.Dispenser) error {
 			z.IPv6Prefix = int(v)
 		case "on_storage_error":
 			z.OnStorageError, err = stringArg(d)
+		case "lease":
+			z.Lease, err = stringArg(d)
 		case "dry_run":
 			if d.NextArg() {
 				return d.ArgErr()

@@ -54,6 +54,8 @@ func TestValidateRejectsBadInput(t *testing.T) {
 		{"default_cost negative", zone("rate 5/s\ndefault_cost -2"), "default_cost: must be a finite number >= 0, got -2"},
 		{"max_delay on token bucket", zone("rate 5/s\nmax_delay 1s"), "max_delay: only leaky_bucket can delay requests"},
 		{"on_storage_error unknown", zone("rate 5/s\non_storage_error panic"), `on_storage_error: must be allow, deny or local, got "panic"`},
+		{"lease unknown", zone("rate 5/s\nlease 1s"), `lease: must be on or off, got "1s"`},
+		{"lease without value", zone("rate 5/s\nlease"), `wrong argument count`},
 		{"rate too fine", zone("algorithm token_bucket\nevents 2000000\nwindow 1s"), "more than one per microsecond"},
 		{"zone name", site("zone bad/name {\nrate 5/s\n}"), `zone name "bad/name"`},
 		{"distributed", site("zone z {\nrate 5/s\n}\ndistributed"), "use the redis storage"},

@@ -67,6 +67,8 @@ func TestBadValuesFailAtAdapt(t *testing.T) {
 			`"rate_limits": {"z": {"events": 5, "window": "1s", "ipv4_prefix": 33}}`, "ipv4_prefix: must be in [0, 32], got 33"},
 		{"ipv6_prefix 129", "zone z {\n\trate 5/s\n\tipv6_prefix 129 # <-\n}",
 			`"rate_limits": {"z": {"events": 5, "window": "1s", "ipv6_prefix": 129}}`, "ipv6_prefix: must be in [0, 128], got 129"},
+		{"lease unknown", "zone z {\n\trate 5/s\n\tlease sometimes # <-\n}",
+			`"rate_limits": {"z": {"events": 5, "window": "1s", "lease": "sometimes"}}`, `lease: must be on or off, got "sometimes"`},
 		{"on_storage_error unknown", "zone z {\n\trate 5/s\n\ton_storage_error panic # <-\n}",
 			`"rate_limits": {"z": {"events": 5, "window": "1s", "on_storage_error": "panic"}}`, `on_storage_error: must be allow, deny or local, got "panic"`},
 		{"sliding_log too long", "zone z {\n\talgorithm sliding_log\n\tevents 200000 # <-\n\twindow 1h\n}",

@@ -40,7 +40,7 @@ func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit, storeName
 	p := &zone{
 		name:         z.name,
 		role:         role,
-		spec:         storage.Zone{Name: storeName, Limit: l, MaxKeys: h.MaxKeys},
+		spec:         storage.Zone{Name: storeName, Limit: l, MaxKeys: h.MaxKeys, Lease: z.lease && role == roleRate},
 		matchers:     z.matchers,
 		key:          z.key,
 		clientIP:     z.clientIP,
@@ -51,6 +51,7 @@ func (h *Handler) openPart(z *zone, role partRole, l algorithms.Limit, storeName
 		cost:         z.cost,
 		defaultCost:  z.defaultCost,
 		onError:      z.onError,
+		lease:        z.lease,
 		Zone:         shared.Zone{DryRun: z.DryRun, Rate: role == roleRate, Slots: role == roleSlots},
 	}
 	p.base = p

@@ -26,8 +26,10 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 )
 
 // The interaction test: one configuration holding zones of every kind (a
@@ -109,6 +111,13 @@ type ixZone struct {
 	// adaptive: concurrency adaptive, at most this many in flight (max),
 	// starting at it; each instance (here one process) adapts alone.
 	adaptive int
+	// lease: on Redis, its keys are hot in a burst (quota leases, on by
+	// default, with a limit that a burst's leases approach): after a
+	// reset, an instance that has not heard of it yet may spend its
+	// lease, and after Redis lost its data (a restart) any instance the
+	// lease it took before, at most an eighth of the limit, for a
+	// lease's life (see docs/redis.md), which the checker allows.
+	lease bool
 }
 
 const ixWindow = time.Hour
@@ -128,6 +137,7 @@ var ixZones = []ixZone{
 	{name: "ix_costg", algo: "gcra", paths: []string{"/cost"}, events: 5, window: ixWindow, settle: true},
 	{name: "ix_day", algo: "fixed_window", paths: []string{"/day"}, events: 5, window: 24 * time.Hour, costly: true, grants: true, tz: ixKolkata},
 	{name: "ix_adapt", paths: []string{"/ahold"}, adaptive: ixAdaptiveMax},
+	{name: "ix_lease", algo: "fixed_window", paths: []string{"/lease"}, events: 24, window: ixWindow, costly: true, grants: true, lease: true},
 }
 
 // ixAdaptiveMax is ix_adapt's max: requests of a key in flight in this
@@ -143,7 +153,7 @@ var ixKolkata = func() *time.Location {
 	return l
 }()
 
-var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login", "/cost", "/day"}
+var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login", "/cost", "/day", "/lease"}
 
 // ixGrantZones are the zones a grant step grants in: those with grants.
 var ixGrantZones = func() (names []string) {
@@ -603,6 +613,10 @@ type ixRun struct {
 	settles, excused int
 	took             map[string]time.Duration // by step kind, for the log
 	redisDir         string                   // where Redis keeps its append-only file
+	// leaseResets are when the keys of a lease zone were last reset, and
+	// leaseRestart when Redis last lost its data (see ixZone.lease).
+	leaseResets  map[string]int64
+	leaseRestart int64
 }
 
 // ixGrant is a grant made to a key: its amount counts in the window that
@@ -901,6 +915,12 @@ func (r *ixRun) reset(zone string, k int, step int) {
 		r.failf("step %d: reset %s %s: status %d", step, zone, key, code)
 	}
 	if code == 200 || code == 404 {
+		if ixZoneNamed(zone).lease {
+			if r.leaseResets == nil {
+				r.leaseResets = map[string]int64{}
+			}
+			r.leaseResets[zone+"|"+key] = r.now()
+		}
 		for id := range r.admitted {
 			if id == zone+"|"+key || strings.HasPrefix(id, zone+"|"+key+"|") {
 				delete(r.admitted, id)
@@ -1093,6 +1113,9 @@ func (r *ixRun) do(s ixStep, step int) {
 		r.up.excuseAll()
 		r.admitted = map[string][]ixAdmission{}
 		r.grants = map[string][]ixGrant{}
+		// A lease debited before the data was lost may still be spent,
+		// as after a reset (see ixZone.lease).
+		r.leaseRestart = r.now()
 		for k, until := range r.banned {
 			r.forgotten[k] = max(r.forgotten[k], until)
 		}
@@ -1103,7 +1126,13 @@ func (r *ixRun) do(s ixStep, step int) {
 
 // burst sends s.n requests at once, spread over the instances.
 func (r *ixRun) burst(s ixStep, step int) {
-	ss := make([]ixStep, s.n)
+	n := s.n
+	if ixZoneNamed("ix_lease").paths[0] == s.path {
+		// Enough on each instance for the key to be hot there and
+		// lease (see ixZone.lease), near its limit.
+		n *= 4
+	}
+	ss := make([]ixStep, n)
 	for j := range ss {
 		ss[j] = s
 		ss[j].kind = "req"
@@ -1209,6 +1238,18 @@ func (r *ixRun) check(step int) {
 			events = z.tiers["gold"]
 		}
 		grants := r.grants[id] // a zone with grants has no tiers: id is zone|key
+		if at := max(r.leaseResets[id], r.leaseRestart); at > 0 && z.lease && r.srv != nil {
+			// Each instance may spend, after a reset, what it leased
+			// before it until it hears of it, and after Redis lost its
+			// data what it leased before: at most an eighth of the
+			// limit, for at most a lease's life.
+			for _, a := range adm {
+				if a.at < at+redisstore.DefaultLeaseLife.Microseconds() {
+					events += int64(r.instances) * events / algorithms.QuotaLeaseShare
+					break
+				}
+			}
+		}
 		var shared []ixAdmission
 		local := map[[2]int][]ixAdmission{} // (outage, instance) -> admissions
 		for _, a := range adm {
@@ -1542,6 +1583,10 @@ func TestInteraction(t *testing.T) {
 			}
 			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day, %d settle steps (%d keys a freeze excused)", seed, round, r.steps, budget, r.owing, r.granted, r.calendar, r.settles, r.excused)
 			t.Logf("time by step kind: %v", r.took)
+			if r.srv != nil {
+				taken, returned, expired, lost, decisions := redisstore.LeaseTotals()
+				t.Logf("quota leases (the process's): %d taken, %d returned, %d expired, %d lost; %d decisions from leases", taken, returned, expired, lost, decisions)
+			}
 			reload(t, plain)
 			r.tester.Client.CloseIdleConnections()
 			var leftover int

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
 	"github.com/caddy-tollgate/tollgate/storage/shared"
 )
 
@@ -28,6 +29,7 @@ var rateLimitMetrics = struct {
 	stores       *storeCollector
 	adaptive     *adaptiveCollector
 	settlements  *settlementCollector
+	leases       *leaseCollector
 }{
 	requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy",
@@ -57,6 +59,18 @@ var rateLimitMetrics = struct {
 			"Kept settlements that reached Redis once it answered.", nil, nil),
 		dropped: prometheus.NewDesc("caddy_http_rate_limit_settlements_dropped_total",
 			"Kept settlements dropped: their window ended before Redis heard them (they could no longer change a decision), too many were kept, or Redis may have applied them.", nil, nil),
+	},
+	leases: &leaseCollector{
+		taken: prometheus.NewDesc("caddy_http_rate_limit_leases_taken_total",
+			"Quota leases taken on Redis: slices of a hot key's quota debited before they are spent, to decide its requests in memory.", nil, nil),
+		returned: prometheus.NewDesc("caddy_http_rate_limit_leases_returned_total",
+			"Quota leases that gave back what they did not spend (unspent events, a bucket's refill not lived).", nil, nil),
+		expired: prometheus.NewDesc("caddy_http_rate_limit_leases_expired_total",
+			"Quota leases that ended with nothing to give back.", nil, nil),
+		lost: prometheus.NewDesc("caddy_http_rate_limit_leases_lost_total",
+			"Quota leases whose return failed: what they held is lost until their key's window ends or its bucket refills (never over the limit).", nil, nil),
+		decisions: prometheus.NewDesc("caddy_http_rate_limit_lease_decisions_total",
+			"Requests decided from a quota lease, without a round trip to Redis.", nil, nil),
 	},
 	adaptive: &adaptiveCollector{
 		limit: prometheus.NewDesc("caddy_http_rate_limit_adaptive_limit",
@@ -156,7 +170,7 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 // docs/prometheus-alerts.yml are tested against them).
 func rateLimitCollectors() []prometheus.Collector {
 	m := &rateLimitMetrics
-	return []prometheus.Collector{m.requests, m.storeSeconds, m.stores, m.adaptive, m.settlements}
+	return []prometheus.Collector{m.requests, m.storeSeconds, m.stores, m.adaptive, m.settlements, m.leases}
 }
 
 // clockBase is what store latencies are timed from, on the monotonic
@@ -333,3 +347,31 @@ func (c *settlementCollector) Collect(ch chan<- prometheus.Metric) {
 
 // Interface guard.
 var _ prometheus.Collector = (*settlementCollector)(nil)
+
+// leaseCollector reports the quota leases of this process's Redis stores
+// (see redisstore.LeaseTotals), counted across reloads.
+type leaseCollector struct {
+	taken, returned, expired, lost, decisions *prometheus.Desc
+}
+
+// Describe implements prometheus.Collector.
+func (c *leaseCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.taken
+	ch <- c.returned
+	ch <- c.expired
+	ch <- c.lost
+	ch <- c.decisions
+}
+
+// Collect implements prometheus.Collector.
+func (c *leaseCollector) Collect(ch chan<- prometheus.Metric) {
+	taken, returned, expired, lost, decisions := redisstore.LeaseTotals()
+	ch <- prometheus.MustNewConstMetric(c.taken, prometheus.CounterValue, float64(taken))
+	ch <- prometheus.MustNewConstMetric(c.returned, prometheus.CounterValue, float64(returned))
+	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(expired))
+	ch <- prometheus.MustNewConstMetric(c.lost, prometheus.CounterValue, float64(lost))
+	ch <- prometheus.MustNewConstMetric(c.decisions, prometheus.CounterValue, float64(decisions))
+}
+
+// Interface guard.
+var _ prometheus.Collector = (*leaseCollector)(nil)

@@ -613,6 +613,10 @@ func TestCountResponseScriptsPerRequest(t *testing.T) {
 				}
 				key {http.request.header.X-Client}
 				rate 1000/h
+				# One script a request, the reference: a hot key would
+				# otherwise be decided from quota leases (which a zone
+				# that settles does not take).
+				lease off
 			}
 			storage redis {
 				addresses `+srv.Addr+`

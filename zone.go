@@ -110,6 +110,16 @@ type Zone struct {
 	// Retry-After: 1). Default: local.
 	OnStorageError string `json:"on_storage_error,omitempty"`
 
+	// Lease "off" decides every request of the zone by one round trip to
+	// a Redis store. "on" (the default) lets each instance decide a key
+	// it sees often from a lease: a small share of the key's quota
+	// debited on Redis before it is spent, returned when the lease ends
+	// (see docs/redis.md). Only token_bucket, gcra, a policing
+	// leaky_bucket, fixed_window and sliding_window lease, and only in a
+	// zone without count_response or cost_response; the memory store
+	// ignores it. Default: on.
+	Lease string `json:"lease,omitempty"`
+
 	// DryRun makes the zone record its decisions without rejecting.
 	// Default: false.
 	DryRun bool `json:"dry_run,omitempty"`
@@ -250,6 +260,9 @@ type zone struct {
 	defaultCost  int64          // milli
 
 	onError zoneconf.OnError
+	// lease: the zone's rate parts may be decided from quota leases (see
+	// storage.Zone.Lease): lease on, and no settlement to reach Redis.
+	lease bool
 
 	// Zone is what the store runtime knows of this part: its limiter, its
 	// memory store or local copy, whether it is a dry run.
@@ -323,6 +336,7 @@ func (zc *Zone) settings() (zoneconf.Settings, error) {
 		IPv4Prefix:       zc.IPv4Prefix,
 		IPv6Prefix:       zc.IPv6Prefix,
 		OnStorageError:   zc.OnStorageError,
+		Lease:            zc.Lease,
 		Concurrency:      zc.Concurrency,
 		ConcurrencyLease: time.Duration(zc.ConcurrencyLease),
 		Ban:              time.Duration(zc.Ban),
@@ -373,6 +387,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone
 		cost:         s.Cost,
 		defaultCost:  s.DefaultCost,
 		onError:      s.OnError,
+		lease:        s.Lease && s.Response == nil,
 		Zone:         shared.Zone{DryRun: zc.DryRun},
 	}
 	if zc.MatcherSetsRaw != nil {

@@ -39,8 +39,12 @@ func (l *Limit) bucket(s *State, now, cost int64, commit bool, d *Decision) {
 // meter decides cost against the debt *level (ticks) at now into *d,
 // adding its inc when commit and admitted.
 func (l *Limit) meter(level *int64, now, cost int64, commit bool, d *Decision) {
+	l.meterInc(level, now, l.inc(cost), commit, d)
+}
+
+// meterInc is meter for a charge of inc ticks.
+func (l *Limit) meterInc(level *int64, now, inc int64, commit bool, d *Decision) {
 	debt := *level
-	inc := l.inc(cost)
 	over := debt + inc - l.Tau
 	switch {
 	case over <= 0:

@@ -22,6 +22,11 @@ type Zone struct {
 	Limit algorithms.Limit
 	// MaxKeys bounds the keys an in-memory store keeps for the zone.
 	MaxKeys int
+	// Lease lets a shared store decide the zone's hot keys from quota
+	// leased from the shared state (see storage/redis's quota leases),
+	// where its algorithm allows (algorithms.Limit.Leasable). A store
+	// of one instance ignores it.
+	Lease bool
 }
 
 // Limiter runs one zone's decisions. Keys are resolved keys, already bounded

@@ -1,6 +1,9 @@
 package adminapi
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestFormatLimit(t *testing.T) {
 	for _, c := range []struct {
@@ -61,5 +64,27 @@ func TestKeyURI(t *testing.T) {
 		if got := KeyURI(c.zone, "keys", c.key); got != c.want {
 			t.Errorf("KeyURI(%q, %q) = %q, want %q", c.zone, c.key, got, c.want)
 		}
+	}
+}
+
+// TestWriteKeyLease: a key's table tells the lease the answering instance
+// holds, and that Redis's remaining does not count it.
+func TestWriteKeyLease(t *testing.T) {
+	var b strings.Builder
+	st := KeyState{Zone: "api", Key: "all", Allowed: true, Remaining: 80, Lease: &LeaseState{Events: 12, Left: 0.2}}
+	if err := WriteKey(&b, st); err != nil {
+		t.Fatal(err)
+	}
+	want := "lease      12 events held by this instance for 200ms (not in remaining)"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("WriteKey wrote\n%s\nwant a line %q", b.String(), want)
+	}
+	b.Reset()
+	st.Lease = nil
+	if err := WriteKey(&b, st); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "lease") {
+		t.Errorf("WriteKey wrote a lease line without a lease:\n%s", b.String())
 	}
 }

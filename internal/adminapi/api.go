@@ -95,6 +95,17 @@ type KeyState struct {
 	Adaptive *AdaptiveState `json:"adaptive,omitempty"`
 	// Tier is the tier whose state this is (?tier=), in a zone with tiers.
 	Tier string `json:"tier,omitempty"`
+	// Lease is the quota lease the instance that answers holds on the
+	// key (Redis, a hot key), omitted when it holds none: events debited
+	// on Redis that this instance may spend without a round trip, which
+	// Remaining (Redis's) does not count.
+	Lease *LeaseState `json:"lease,omitempty"`
+}
+
+// LeaseState is an instance's quota lease on a key.
+type LeaseState struct {
+	Events float64 `json:"events"`       // whole events left in it
+	Left   float64 `json:"seconds_left"` // seconds until it ends
 }
 
 // BanState is a key's ban in GET /rate_limit/zones/<zone>/keys/<key> and

@@ -124,6 +124,9 @@ func WriteKey(out io.Writer, st KeyState) error {
 	if st.Granted > 0 {
 		fmt.Fprintf(tw, "granted\t%s more events for the current window\n", strconv.FormatFloat(st.Granted, 'g', -1, 64))
 	}
+	if l := st.Lease; l != nil {
+		fmt.Fprintf(tw, "lease\t%s events held by this instance for %s (not in remaining)\n", strconv.FormatFloat(l.Events, 'g', -1, 64), FormatSeconds(l.Left))
+	}
 	if b := st.Ban; b != nil {
 		ban := fmt.Sprintf("no (%d strikes left)", b.StrikesLeft)
 		if b.Banned {

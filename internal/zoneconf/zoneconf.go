@@ -35,6 +35,7 @@ type Zone struct {
 	IPv6Prefix  int
 
 	OnStorageError string
+	Lease          string
 
 	Concurrency      int64
 	ConcurrencyLease time.Duration
@@ -78,6 +79,7 @@ type Settings struct {
 	Cost           int64          // constant cost, milli
 	DefaultCost    int64          // milli
 	OnError        OnError
+	Lease          bool      // quota leases allowed (lease on), where the algorithm and the response options allow
 	Response       *Response // count_response, cost_response; nil without them
 	// RequestJSON are the paths of the {http.rate_limit.request.json.*}
 	// placeholders in key, cost, tier_key and cost_response: a request the
@@ -195,6 +197,14 @@ func Parse(zc Zone) (Settings, error) {
 	}
 	if err := zc.requestJSON(&s); err != nil {
 		return s, err
+	}
+
+	switch zc.Lease {
+	case "", "on":
+		s.Lease = true
+	case "off":
+	default:
+		return s, fmt.Errorf("lease: must be on or off, got %q", zc.Lease)
 	}
 
 	switch zc.OnStorageError {

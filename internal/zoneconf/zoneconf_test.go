@@ -25,6 +25,9 @@ func TestParseDefaults(t *testing.T) {
 	if s.OnError != FailLocal || s.Slots != nil || s.Ban != nil || s.Tiers != nil || s.Response != nil {
 		t.Errorf("got %+v, want on_storage_error local and no guards, tiers or response", s)
 	}
+	if !s.Lease {
+		t.Error("lease off by default, want on")
+	}
 }
 
 func TestParseParts(t *testing.T) {
@@ -121,6 +124,7 @@ func TestParseErrors(t *testing.T) {
 		{"cost_response", Zone{Events: 1, Window: time.Second, CostResponse: "5"}, `cost_response: must be a placeholder template such as {http.response.header.X-Usage}, got "5"`},
 		{"cost_response path", Zone{Algorithm: "fixed_window", Events: 1, Window: time.Second, CostResponse: "{http.rate_limit.response.json.a..b}"}, "cost_response: {http.rate_limit.response.json.a..b}: a dotted path of names"},
 		{"on_storage_error", Zone{Events: 1, Window: time.Second, OnStorageError: "maybe"}, `on_storage_error: must be allow, deny or local, got "maybe"`},
+		{"lease", Zone{Events: 1, Window: time.Second, Lease: "maybe"}, `lease: must be on or off, got "maybe"`},
 	} {
 		_, err := Parse(c.zone)
 		if err == nil || !strings.HasPrefix(err.Error(), c.want) {

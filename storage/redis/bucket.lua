@@ -51,6 +51,13 @@ local function giveback(debt, x, now, ta, tr, maxdelay, scale)
 	return math.max(0, math.min(x - elapsed * scale, debt))
 end
 
+-- leasecredit is Limit.LeaseCredit for the bucket family: what a lease
+-- that lived life µs gives back elapsed µs after it was taken with
+-- unspent events, in ticks.
+local function leasecredit(unspent, life, elapsed, unit, scale)
+	return math.max(0, math.max(unspent, 0) * unit + (life - math.max(elapsed, 0)) * scale)
+end
+
 local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 	local commit, write, never = mode(op)
 	local raw = now
@@ -71,8 +78,10 @@ local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 		level = owe(level, x)
 	elseif op == 'u' then
 		level = level - giveback(level, x, now, ta, tr, maxdelay, scale)
+	elseif op == 'e' then
+		level = level - math.min(leasecredit(x, tr, now - ta, unit, scale), level)
 	end
-	if op == 'u' or op == 'o' then
+	if op == 'u' or op == 'o' or op == 'e' then
 		save(key, micros(level, scale), now - raw, 'at', at, 'level', level)
 		return nil
 	end

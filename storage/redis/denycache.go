@@ -211,6 +211,7 @@ func (s *Store) listen() {
 					}
 				}
 				s.deny.forget(rkey)
+				s.book.heard(rkey, grant)
 				if !own {
 					s.resets.call(s.prefix, rkey, grant)
 				}

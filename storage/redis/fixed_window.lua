@@ -64,6 +64,9 @@ local function fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, to
 end
 
 local function fixedwindow(key, op, now, x, ta, _, w, limit)
+	if op == 'e' then
+		op, x = 'u', x * 1000 -- Limit.LeaseEnd: x unspent events
+	end
 	local raw = now
 	local s = redis.call('HMGET', key, 'at', 'level', 'grant')
 	if op == 'p' and not s[1] then
@@ -100,6 +103,9 @@ end
 algs.fw = fixedwindow
 
 local function fixedperiod(key, op, now, x, ta, _, s0, limit, s1, s2)
+	if op == 'e' then
+		op, x = 'u', x * 1000 -- Limit.LeaseEnd: x unspent events
+	end
 	local raw = now
 	local s = redis.call('HMGET', key, 'at', 'level', 'grant', 'end')
 	if op == 'p' and not s[1] then

@@ -51,6 +51,14 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 		return nil
 	end
 
+	if op == 'e' then
+		-- Limit.LeaseEnd: x unspent events, ta the lease's time, tr its life.
+		if debt > 0 then
+			store(debt - math.min(leasecredit(x, tr, now - ta, unit, scale), debt))
+		end
+		return nil
+	end
+
 	if op == 'u' then
 		if debt > 0 then
 			store(debt - giveback(debt, x, now, ta, tr, 0, scale))

@@ -118,6 +118,15 @@ func (s *Store) Decide(ctx context.Context, now int64, reqs []Request) (Verdict,
 	if err != nil {
 		return Verdict{Rejected: -1}, fmt.Errorf("redis store: take all: %w", err)
 	}
+	if len(parts) == 1 && parts[0].z.leases {
+		// A hot key: from a lease (see quota.go).
+		if v, ok, err := s.leased(ctx, now, parts, reqs[0].Cost); ok {
+			if err != nil {
+				return Verdict{Rejected: -1}, err
+			}
+			return v, nil
+		}
+	}
 	var freed uint64
 	if s.deny != nil {
 		if ds, rejected, ok := s.cached(now, parts); ok {

@@ -149,6 +149,8 @@ const (
 	opReset      = "x" // single.lua: delete the key, and mark when
 	opSkip       = "k" // multi.lua: not decided (the key's ban held)
 	opSkipNever  = "m" // opSkip for a cost above the capacity ("n")
+	opLease      = "q" // single.lua: a take and a quota lease (see quota.go)
+	opEndLease   = "e" // single.lua: end a quota lease
 )
 
 // What multi.lua does with its keys (its ARGV[1]).

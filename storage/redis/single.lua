@@ -13,6 +13,17 @@
 -- ARGV[7]:      the algorithm's code; ARGV[8..11] its constants
 -- ARGV[12]:     for 'g' with an id key, how long the id is kept, in ms
 --
+-- A quota lease (see algorithms/lease.go) is op 'q' or 'e', KEYS[2] the
+-- key's reset mark:
+-- 'q' decides a take of x (ARGV[4]) and, if admitted, leases up to want
+--     (ARGV[5]) events for life (ARGV[6]) µs, after ending the lease
+--     ARGV[12..14] (unspent events, taken, life; taken 0: none) as 'e'
+--     does; it returns the decision, the events leased and the lease's
+--     life (Limit.LeaseTake).
+-- 'e' ends a lease taken at ta (ARGV[5]) that lived tr (ARGV[6]) µs with
+--     x unspent events (Limit.LeaseEnd): nothing if the key was reset at
+--     or after ta; returns {}.
+--
 -- It returns the decision, or {} for an undo and for a peek at a key that
 -- does not exist, or for a reset {1} if it deleted the key, {0} if there
 -- was none, or for a grant whose id was applied already {-1} (nothing
@@ -32,7 +43,52 @@ if op == 'g' and KEYS[2] then
 		return {-1}
 	end
 end
-if (op == 'x' or op == 'u' or op == 'o') and KEYS[2] then
+if op == 'q' then
+	local now = clock(ARGV[2])
+	local code = ARGV[7]
+	local f = algs[code]
+	local c1, c2, c3, c4 = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+	local taken = tonumber(ARGV[13])
+	if taken > 0 then
+		local mark = KEYS[2] and tonumber(redis.call('GET', KEYS[2]))
+		if not (mark and taken <= mark) then
+			f(KEYS[1], 'e', now, tonumber(ARGV[12]), taken, tonumber(ARGV[14]), c1, c2, c3, c4)
+		end
+	end
+	local d = f(KEYS[1], 't', now, tonumber(ARGV[4]), 0, 0, c1, c2, c3, c4)
+	local want, life = tonumber(ARGV[5]), tonumber(ARGV[6])
+	d[7], d[8] = 0, 0
+	if d[1] ~= 1 or want <= 0 or life <= 0 then
+		return d
+	end
+	local window = code == 'fw' or code == 'fc' or code == 'sw'
+	-- Limit.leaseRoom, LeaseSize and LeaseDebit: a bucket's c2 is its
+	-- unit, c4 its scale.
+	local room = d[2]
+	if not window then
+		room = room - ceildiv(life * c4, c2)
+	end
+	local n = math.min(want, quo(math.max(room, 0), 8))
+	if n < 2 then
+		return d
+	end
+	local debit = n * 1000
+	if not window then
+		debit = n * c2 + life * c4
+	end
+	local after = f(KEYS[1], 't', d[6], debit, 0, 0, c1, c2, c3, c4)
+	if after[1] ~= 1 then
+		return d
+	end
+	if code == 'sw' then
+		life = math.min(life, c1 - (after[6] - quo(after[6], c1) * c1))
+	elseif window then
+		life = math.min(life, after[3])
+	end
+	d[2], d[3], d[7], d[8] = after[2] + n, after[3], n, life
+	return d
+end
+if (op == 'x' or op == 'u' or op == 'o' or op == 'e') and KEYS[2] then
 	local mark = tonumber(redis.call('GET', KEYS[2]))
 	if op == 'x' then
 		local now = clock(ARGV[2])
@@ -51,7 +107,7 @@ if (op == 'x' or op == 'u' or op == 'o') and KEYS[2] then
 	-- after: a give-back then gives nothing (it must not mint), an
 	-- excess is owed (it must not be forgiven).
 	local ta = tonumber(ARGV[5])
-	if mark and (op == 'u' and ta <= mark or op == 'o' and ta < mark) then
+	if mark and ((op == 'u' or op == 'e') and ta <= mark or op == 'o' and ta < mark) then
 		return {} -- reset since: the reset gave back, and forgave, the charge
 	end
 end

@@ -33,6 +33,9 @@ local function mulcmp(a, b, c, d)
 end
 
 local function slidingwindow(key, op, now, x, ta, _, w, limit)
+	if op == 'e' then
+		op, x = 'u', x * 1000 -- Limit.LeaseEnd: x unspent events
+	end
 	local commit, write, never = mode(op)
 	local raw = now
 	local s = redis.call('HMGET', key, 'at', 'level', 'prev', 'grant')

@@ -88,6 +88,7 @@ type Store struct {
 	resets     resetHooks    // what resets the store hears of call (OnReset)
 	late       chan struct{} // bounds the give-backs run in the background (see settle)
 	leases     *keeper       // renews the concurrency leases held (see Zone's Hold)
+	book       *book         // the quota leases held (see quota.go)
 	// group is how TakeAll splits a request's keys into the groups that
 	// one script can decide together (see grouping).
 	group grouping
@@ -117,6 +118,7 @@ type Store struct {
 func New(client Client, prefix string) *Store {
 	s := &Store{client: client, run: direct{client: client}, prefix: prefix, group: byTag, late: make(chan struct{}, lateGiveBacks)}
 	s.leases = newKeeper(s)
+	s.book = newBook(s)
 	switch client.(type) {
 	case *goredis.Client:
 		s.group = oneServer
@@ -149,6 +151,7 @@ func NewPipelined(client interface {
 // client.
 func (s *Store) Close() {
 	s.leases.close()
+	s.book.close() // returns the quota leases: before the batcher stops
 	if s.batch != nil {
 		s.batch.close()
 	}
@@ -178,6 +181,7 @@ func (s *Store) Zone(z storage.Zone) storage.Limiter {
 		zn.unit = amount(&l, algorithms.Milli)
 		zn.unitArg = zn.unit
 	}
+	zn.leases = z.Lease && l.Leasable()
 	return zn
 }
 

@@ -25,6 +25,8 @@ type zone struct {
 	// lease id each time).
 	unit    int64
 	unitArg any
+	// leases: hot keys are decided from quota leases (see quota.go).
+	leases bool
 	// span is a calendar window's constants for the span last computed
 	// (see constsAt); nil until then.
 	span atomic.Pointer[spanConsts]
@@ -217,6 +219,7 @@ var ErrNotAnnounced = errors.New("applied, but telling the other instances faile
 // otherwise outlive a grant. The other instances' local copies follow it
 // too (see OnReset).
 func (s *Store) announce(ctx context.Context, rkey string, grant int64) error {
+	s.book.heard(rkey, grant)
 	if s.deny == nil {
 		return nil
 	}

@@ -31,10 +31,26 @@ type Limiter struct {
 	clock func() int64
 }
 
-// Close stops following resets.
+// LeaseOf reports the quota lease this instance holds on key (see
+// redisstore's quota leases): the whole events left and the µs until it
+// ends; ok is false when it holds none.
+func (l *Limiter) LeaseOf(key string) (events, left int64, ok bool) {
+	if z, can := l.inner.(interface {
+		LeaseOf(string) (int64, int64, bool)
+	}); can {
+		return z.LeaseOf(key)
+	}
+	return 0, 0, false
+}
+
+// Close stops following resets, and returns the quota leases the zone
+// holds (a reload retires it).
 func (l *Limiter) Close() {
 	if l.stopResets != nil {
 		l.stopResets()
+	}
+	if z, ok := l.inner.(interface{ CloseLeases() }); ok {
+		z.CloseLeases()
 	}
 }
 

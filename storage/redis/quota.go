@@ -1,0 +1,603 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+)
+
+// Quota leases (see algorithms/lease.go): a key that this instance sees
+// often is decided in its memory from a slice of the key's quota that one
+// script debited on Redis, in the same step as a request's decision,
+// before any of it is spent. Every instance's leases are charged on Redis
+// as if spent at once, so what all of them admit never passes the limit,
+// whoever dies holding what.
+//
+// A sketch (counters by hash) counts the demand of keys in periods of a
+// lease's life; a key it saw often gets an entry in the store's book
+// (sharded): the key's demand on this instance and the lease it holds, if
+// any. A key asked for at least 2*MinQuotaLease events in a period is
+// hot: its next decision that no lease answers is a lease call (op 'q'),
+// which decides the request, ends the key's previous lease (what is left
+// of it goes back in the same script) and takes a new one sized from the
+// demand, twice a period's, which the script caps at 1/QuotaLeaseShare of
+// what the key has left. The key's other requests meanwhile wait for that
+// call. A cold key costs a counter and keeps one round trip a decision.
+//
+// A lease is spent only before its end: its life (on Redis's clock, from
+// its take) measured on this instance's monotonic clock from before the
+// call was sent, less 1/32 for clocks that tick at slightly different
+// rates, so that this instance stops spending before Redis's view of the
+// lease is over. What is left goes back when the key's next lease is
+// taken, or when the sweeper (one goroutine a store, every LeaseLife/4)
+// finds the lease over or the key quiet for a quarter of a life, on
+// Close, and when the zone closes (a reload). A return whose call fails
+// is not tried again (it may have been applied; applying it twice would
+// mint quota): that lease is lost, which errs towards refusing.
+//
+// A reset or a grant any instance announces ends this instance's lease on
+// the key (see heard).
+
+// DefaultLeaseLife is how long a quota lease lives at most: short, so that
+// what an instance that dies takes with it is small and soon back (a
+// bucket's), and a reset another instance misses the announcement of
+// reaches this one within it.
+const DefaultLeaseLife = 250 * time.Millisecond
+
+// leaseShards is how many shards the book has.
+const leaseShards = 32
+
+// book is a store's quota leases, by Redis key.
+type book struct {
+	s      *Store
+	life   int64 // µs
+	seed   maphash.Seed
+	shards [leaseShards]leaseShard
+	sketch [sketchSize]atomic.Uint64 // recent demand by hash (see often)
+	clock  func() time.Duration      // monotonic: since the book began (tests replace it)
+	wall   func() int64              // this instance's clock in µs, for a calendar window's span
+
+	stats LeaseStats
+
+	mu      sync.Mutex // guards started, closed, stop and done
+	started bool
+	closed  bool
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// leaseTotals counts the quota leases of every store of the process
+// (see LeaseTotals).
+var leaseTotals LeaseStats
+
+// LeaseTotals returns the counts of every store of the process, across
+// reloads: the leases taken, returned, expired and lost, and the
+// decisions made from a lease.
+func LeaseTotals() (taken, returned, expired, lost, decisions int64) {
+	t := &leaseTotals
+	return t.Taken.Load(), t.Returned.Load(), t.Expired.Load(), t.Lost.Load(), t.Decisions.Load()
+}
+
+// LeaseStats counts a store's quota leases.
+type LeaseStats struct {
+	// Taken counts leases taken; Returned those that gave unspent quota
+	// back; Expired those that ended unspent while their key was quiet
+	// or at the end of their life; Decisions the requests decided from a
+	// lease, without a round trip.
+	Taken, Returned, Expired, Decisions atomic.Int64
+	// Lost counts leases whose return failed.
+	Lost atomic.Int64
+}
+
+type leaseShard struct {
+	mu sync.RWMutex
+	m  map[string]*keyLease
+}
+
+// keyLease is one key's entry in the book.
+type keyLease struct {
+	mu   sync.Mutex
+	z    *zone
+	rkey string
+
+	// Demand: milli-units asked since period began, and in the period
+	// before.
+	period      time.Duration
+	asked, last int64
+	used        time.Duration // the last decision on the key
+
+	// The lease: n events (0: none), left milli-units of them, taken at
+	// Redis's µs taken, living life µs; spent until end on the book's
+	// clock, sent at start; reset the decision's Reset when taken.
+	n, left, taken, life, reset int64
+	start, end                  time.Duration
+	fetching                    bool          // a lease call is out
+	done                        chan struct{} // closed when it is back
+}
+
+func newBook(s *Store) *book {
+	b := &book{s: s, life: DefaultLeaseLife.Microseconds(), seed: maphash.MakeSeed()}
+	begin := time.Now()
+	b.clock = func() time.Duration { return time.Since(begin) }
+	b.wall = func() int64 { return time.Now().UnixMicro() }
+	for i := range b.shards {
+		b.shards[i].m = make(map[string]*keyLease)
+	}
+	return b
+}
+
+// WithLeaseLife sets how long a quota lease lives (DefaultLeaseLife when
+// not called); 0 or less takes no leases. Call it before s decides
+// anything. It returns s.
+func (s *Store) WithLeaseLife(d time.Duration) *Store {
+	s.book.life = d.Microseconds()
+	return s
+}
+
+// Leases returns the store's lease counters.
+func (s *Store) Leases() *LeaseStats { return &s.book.stats }
+
+func (b *book) shard(hash uint64) *leaseShard {
+	return &b.shards[(hash>>32)%leaseShards]
+}
+
+// entry returns the entry of rkey, whose hash is hash, made for z if
+// there is none.
+func (b *book) entry(hash uint64, rkey string, z *zone) *keyLease {
+	sh := b.shard(hash)
+	sh.mu.Lock()
+	h := sh.m[rkey]
+	if h == nil {
+		h = &keyLease{z: z, rkey: rkey, period: b.clock()}
+		sh.m[rkey] = h
+	}
+	sh.mu.Unlock()
+	return h
+}
+
+// lookup returns the entry of rkey, whose hash is hash, or nil.
+func (b *book) lookup(hash uint64, rkey string) *keyLease {
+	sh := b.shard(hash)
+	sh.mu.RLock()
+	h := sh.m[rkey]
+	sh.mu.RUnlock()
+	return h
+}
+
+// find returns rkey's entry, or nil.
+func (b *book) find(rkey string) *keyLease {
+	return b.lookup(maphash.String(b.seed, rkey), rkey)
+}
+
+// note counts cost milli-units asked at t, in periods of a lease's life.
+func (h *keyLease) note(t time.Duration, cost, life int64) {
+	p := time.Duration(life) * time.Microsecond
+	if since := t - h.period; since >= p {
+		h.last = 0
+		if since < 2*p {
+			h.last = h.asked
+		}
+		h.asked, h.period = 0, t
+	}
+	h.asked += cost
+	h.used = t
+}
+
+// want is the events a lease is asked for at t, with periods of life
+// µs: twice the key's demand in a period, the last one's or, if more,
+// this one's so far at its rate (so that a key seen often since its
+// entry was made leases in its first period, for about as long as a
+// lease lives), or 0 for a key that is not hot (fewer than 2*MinQuotaLease
+// events asked in either).
+func (h *keyLease) want(t time.Duration, life int64) int64 {
+	if max(h.last, h.asked) < 2*algorithms.MinQuotaLease*algorithms.Milli {
+		return 0
+	}
+	d := h.last
+	if h.asked > d {
+		e := max((t - h.period).Microseconds(), life/16, 1)
+		d = max(d, h.asked*min(life/e, 16))
+	}
+	return 2 * d / algorithms.Milli
+}
+
+// ended is the lease h held, detached from it: what a return gives back.
+type ended struct {
+	unspent, taken, life int64
+}
+
+// detach ends h's lease here and returns it (taken 0: none).
+func (h *keyLease) detach() ended {
+	if h.n == 0 {
+		return ended{}
+	}
+	e := ended{unspent: h.left / algorithms.Milli, taken: h.taken, life: h.life}
+	h.n, h.left, h.taken = 0, 0, 0
+	return e
+}
+
+// worth reports whether returning e can give anything back: unspent
+// events, or a bucket's refill not lived.
+func (e ended) worth(z *zone, t, start time.Duration) bool {
+	if e.taken == 0 {
+		return false
+	}
+	if e.unspent > 0 {
+		return true
+	}
+	return z.limit.Kind != algorithms.FixedWindow && (t-start).Microseconds() < e.life
+}
+
+// leased decides parts, one request on one leasing zone's key, from this
+// instance's lease on the key, without a round trip, if it can; else, if
+// the key is hot, by a lease call (see fetch), unless the deny cache
+// answers. A request that finds the key's lease spent while a lease call
+// for it is out waits for that call (its own round trip would be no
+// sooner) and spends from the new lease. It reports false when none of
+// this applies (a cold key): decide the request as usual.
+func (s *Store) leased(ctx context.Context, now int64, parts []part, cost int64) (Verdict, bool, error) {
+	b, p := s.book, &parts[0]
+	z := p.z
+	if p.op != opCheck || cost <= 0 || b.life <= 0 {
+		return Verdict{}, false, nil
+	}
+	hash := maphash.String(b.seed, p.key)
+	h := b.lookup(hash, p.key)
+	if h == nil {
+		// A key seen for the first time in a while is cold, most of the
+		// time: it gets an entry only once the sketch saw it often.
+		seen := b.often(hash, cost)
+		if seen < 2*algorithms.MinQuotaLease*algorithms.Milli {
+			return Verdict{}, false, nil
+		}
+		h = b.entry(hash, p.key, z)
+	}
+	for try := 0; ; try++ {
+		t := b.clock()
+		h.mu.Lock()
+		if try == 0 {
+			h.note(t, cost, b.life)
+		}
+		if h.n > 0 && h.z == z && t < h.end && h.left >= cost {
+			h.left -= cost
+			elapsed := (t - h.start).Microseconds()
+			d := algorithms.Decision{Allowed: true, Remaining: h.left / algorithms.Milli, Reset: max(0, h.reset-elapsed), At: h.taken + elapsed}
+			h.mu.Unlock()
+			b.stats.Decisions.Add(1)
+			leaseTotals.Decisions.Add(1)
+			return Verdict{Decisions: []algorithms.Decision{d}, Rejected: -1}, true, nil
+		}
+		if h.fetching {
+			done := h.done
+			h.mu.Unlock()
+			if try >= 2 {
+				return Verdict{}, false, nil
+			}
+			select {
+			case <-done:
+				continue
+			case <-ctx.Done():
+				return Verdict{}, false, nil
+			}
+		}
+		want := h.want(t, b.life)
+		h.mu.Unlock()
+		if want == 0 {
+			return Verdict{}, false, nil
+		}
+		var freed uint64
+		if s.deny != nil {
+			if ds, rejected, ok := s.cached(now, parts); ok {
+				return Verdict{Decisions: ds, Rejected: rejected}, true, nil
+			}
+			freed = s.deny.since(parts)
+		}
+		v, claimed, err := s.fetch(ctx, now, h, p, want)
+		if !claimed {
+			if try >= 2 {
+				return Verdict{}, false, nil
+			}
+			continue // another request's lease call went out first: wait for it
+		}
+		if err == nil && s.deny != nil && v.Rejected >= 0 && cacheable(parts, v.Decisions) {
+			s.deny.store(now, freed, parts, v.Decisions)
+		}
+		return v, true, err
+	}
+}
+
+// sketchSize is how many counters the sketch of recent keys has.
+const sketchSize = 1 << 14
+
+// often counts a request of cost milli-units for the key of hash in the
+// sketch (counters shared by the keys of a hash's low bits, each counting
+// the current period of a lease's life), and returns its counter: the
+// milli-units asked for the key this period, or more (a key that
+// collides with others is found hot early, which costs only its entry).
+func (b *book) often(hash uint64, cost int64) int64 {
+	c := &b.sketch[hash&(sketchSize-1)]
+	period := uint64(b.clock() / (time.Duration(b.life) * time.Microsecond))
+	const bits = 40 // milli-units; the period above
+	for {
+		v := c.Load()
+		n := uint64(cost)
+		if v>>bits == period&(1<<(64-bits)-1) {
+			n += v & (1<<bits - 1)
+		}
+		if n >= 1<<bits {
+			n = 1<<bits - 1
+		}
+		if c.CompareAndSwap(v, period<<bits|n) {
+			return int64(n)
+		}
+	}
+}
+
+// fetch decides p by a lease call on h's key for want events, which ends
+// the lease h holds and takes a new one. It reports false, having done
+// nothing, when another lease call on the key is out.
+func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want int64) (Verdict, bool, error) {
+	b, z := s.book, p.z
+	t := b.clock()
+	h.mu.Lock()
+	if h.fetching {
+		h.mu.Unlock()
+		return Verdict{}, false, nil
+	}
+	h.fetching, h.done = true, make(chan struct{})
+	oldStart, oldZone := h.start, h.z
+	old := h.detach()
+	h.z = z
+	h.mu.Unlock()
+	if oldZone != z && old.taken != 0 {
+		// A lease of the zone this one replaced (a reload, which may
+		// have changed the limit): returned as that zone took it.
+		oz, o := oldZone, old
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if oz.endLease(ctx, b.wall(), h.rkey, o) != nil {
+				b.stats.Lost.Add(1)
+				leaseTotals.Lost.Add(1)
+			}
+		}()
+		old = ended{}
+	}
+	switch {
+	case old.worth(z, t, oldStart):
+		b.stats.Returned.Add(1)
+		leaseTotals.Returned.Add(1)
+	case old.taken != 0:
+		b.stats.Expired.Add(1)
+		leaseTotals.Expired.Add(1)
+		old = ended{} // nothing to give back: the script skips the return
+	}
+
+	d, n, life, err := z.lease(ctx, now, p.key, p.x, want, b.life, old)
+	h.mu.Lock()
+	h.fetching = false
+	close(h.done)
+	h.done = nil
+	if err == nil && n > 0 {
+		h.n, h.left, h.taken, h.life, h.reset = n, n*algorithms.Milli, d.At, life, d.Reset
+		h.start = t
+		h.end = t + time.Duration(life-life/32)*time.Microsecond
+	}
+	h.mu.Unlock()
+	if err != nil {
+		if old.taken != 0 {
+			b.stats.Lost.Add(1)
+			leaseTotals.Lost.Add(1)
+		}
+		return Verdict{}, true, fmt.Errorf("redis store: take %q: %w", z.name, err)
+	}
+	if n > 0 {
+		b.stats.Taken.Add(1)
+		leaseTotals.Taken.Add(1)
+		b.start()
+	}
+	rejected := -1
+	if !d.Allowed && p.block {
+		rejected = 0
+	}
+	return Verdict{Decisions: []algorithms.Decision{d}, Rejected: rejected, Decided: true, Clock: d.At}, true, nil
+}
+
+// lease runs a lease call (op 'q', see single.lua) for the Redis key
+// rkey: a take of x, after ending old, and a lease of up to want events
+// for life µs.
+func (z *zone) lease(ctx context.Context, now int64, rkey string, x, want, life int64, old ended) (algorithms.Decision, int64, int64, error) {
+	if err := ctx.Err(); err != nil {
+		return algorithms.Decision{}, 0, 0, err
+	}
+	c := newCall(z.script, z.store.fns.fcall(), 2)
+	c.args = append(c.args, rkey, resetMark(rkey), word(opLease), z.store.clock(now), z.store.ttlSlack, z.arg(x), want, life)
+	c.args = append(c.args, z.constsAt(now)...)
+	c.args = append(c.args, old.unspent, old.taken, old.life)
+	v, err := z.store.run.run(ctx, c)
+	if err != nil {
+		return algorithms.Decision{}, 0, 0, err
+	}
+	if len(v) != 8 {
+		return algorithms.Decision{}, 0, 0, fmt.Errorf("%w: %v", errReply, v)
+	}
+	return decision(v), v[6], v[7], nil
+}
+
+// endLease returns old, a lease on the Redis key rkey (op 'e').
+func (z *zone) endLease(ctx context.Context, now int64, rkey string, old ended) error {
+	c := newCall(z.script, z.store.fns.fcall(), 2)
+	c.args = append(c.args, rkey, resetMark(rkey), word(opEndLease), z.store.clock(now), z.store.ttlSlack, old.unspent, old.taken, old.life)
+	c.args = append(c.args, z.constsAt(now)...)
+	c.await = true
+	v, err := z.store.run.run(ctx, c)
+	if err == nil && len(v) != 0 {
+		err = fmt.Errorf("%w: %v", errReply, v)
+	}
+	return err
+}
+
+// outstanding is the milli-units this book's leases hold.
+func (b *book) outstanding() int64 {
+	var n int64
+	for i := range b.shards {
+		sh := &b.shards[i]
+		sh.mu.Lock()
+		for _, h := range sh.m {
+			h.mu.Lock()
+			if h.n > 0 {
+				n += h.left
+			}
+			h.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// heard follows a reset (grant 0) of the Redis key rkey, or a grant to
+// it, that this instance made or heard of: the key's lease is spent no
+// more, and ends at the key's next lease call or the next sweep, whose
+// return sees the grant, or, after a reset, gives nothing back for a
+// lease taken before it (the reset gave it back: see single.lua's mark)
+// and all that is left of one taken since (the notice came late).
+func (b *book) heard(rkey string, grant int64) {
+	h := b.find(rkey)
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.end = 0
+	h.mu.Unlock()
+}
+
+// start starts the sweeper, once, unless the book is closed.
+func (b *book) start() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started || b.closed {
+		return
+	}
+	b.started = true
+	b.stop, b.done = make(chan struct{}), make(chan struct{})
+	go b.loop(b.stop, b.done)
+}
+
+func (b *book) loop(stop, done chan struct{}) {
+	defer close(done)
+	tick := time.NewTicker(time.Duration(b.life) * time.Microsecond / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			b.sweep(b.clock(), nil)
+		}
+	}
+}
+
+// sweep returns, at t, the leases that are over or whose keys are quiet
+// (a quarter of a life without a decision), all of them if only is
+// everything, or those of zone only; and forgets the keys that hold none
+// and were not asked for in two lives.
+func (b *book) sweep(t time.Duration, only func(*zone) bool) {
+	quiet := time.Duration(b.life) * time.Microsecond / 4
+	var due []*keyLease
+	var zones []*zone
+	var ends []ended
+	var starts []time.Duration
+	for i := range b.shards {
+		sh := &b.shards[i]
+		sh.mu.Lock()
+		for k, h := range sh.m {
+			h.mu.Lock()
+			switch {
+			case h.fetching:
+			case h.n > 0 && (only != nil && only(h.z) || only == nil && (t >= h.end || t-h.used >= quiet)):
+				start := h.start
+				e := h.detach()
+				due, zones, ends, starts = append(due, h), append(zones, h.z), append(ends, e), append(starts, start)
+			case h.n == 0 && only == nil && t-h.used >= 8*quiet:
+				delete(sh.m, k)
+			}
+			h.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	// The returns go out together: a pipelined store sends them in a
+	// few round trips.
+	var wg sync.WaitGroup
+	for i, h := range due {
+		e, z := ends[i], zones[i]
+		if !e.worth(z, t, starts[i]) {
+			b.stats.Expired.Add(1)
+			leaseTotals.Expired.Add(1)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			err := z.endLease(ctx, b.wall(), h.rkey, e)
+			cancel()
+			if err != nil {
+				b.stats.Lost.Add(1)
+				leaseTotals.Lost.Add(1)
+				return
+			}
+			b.stats.Returned.Add(1)
+			leaseTotals.Returned.Add(1)
+		}()
+	}
+	wg.Wait()
+}
+
+// close stops the sweeper and returns every lease.
+func (b *book) close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.closed = true
+	stop, done := b.stop, b.done
+	b.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+	b.sweep(b.clock(), func(*zone) bool { return true })
+}
+
+// CloseLeases returns every lease the zone l holds on this store's keys
+// (a zone a reload retires): its keys are decided by the zones that
+// replace it from then on.
+func (z *zone) CloseLeases() {
+	if z.store.book != nil {
+		z.store.book.sweep(z.store.book.clock(), func(o *zone) bool { return o == z })
+	}
+}
+
+// LeaseOf reports the lease this instance holds on key in this zone's
+// store: the whole events left in it and the µs until it ends (ok false:
+// none).
+func (z *zone) LeaseOf(key string) (events, left int64, ok bool) {
+	b := z.store.book
+	h := b.find(z.store.key(key, z.tail))
+	if h == nil {
+		return 0, 0, false
+	}
+	t := b.clock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n == 0 || t >= h.end {
+		return 0, 0, false
+	}
+	return h.left / algorithms.Milli, (h.end - t).Microseconds(), true
+}
