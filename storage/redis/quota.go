@@ -21,8 +21,10 @@ import (
 // A sketch (counters by hash) counts the demand of keys in periods of a
 // lease's life; a key it saw often gets an entry in the store's book
 // (sharded): the key's demand on this instance and the lease it holds, if
-// any. A key asked for at least 2*MinQuotaLease events in a period is
-// hot: its next decision that no lease answers is a lease call (op 'q'),
+// any. A key asked at least 2*MinQuotaLease times in a period is hot
+// (requests, whatever their cost: one costly request, an LLM prompt of
+// thousands of tokens, is one round trip either way, and a lease taken
+// for it would only hold quota away from the other instances): its next decision that no lease answers is a lease call (op 'q'),
 // which decides the request, ends the key's previous lease (what is left
 // of it goes back in the same script) and takes a new one sized from the
 // demand, twice a period's, which the script caps at 1/QuotaLeaseShare of
@@ -106,10 +108,11 @@ type keyLease struct {
 	rkey string
 
 	// Demand: milli-units asked since period began, and in the period
-	// before.
-	period      time.Duration
-	asked, last int64
-	used        time.Duration // the last decision on the key
+	// before; and the requests that asked them.
+	period         time.Duration
+	asked, last    int64
+	asks, lastAsks int64
+	used           time.Duration // the last decision on the key
 
 	// The lease: n events (0: none), left milli-units of them, taken at
 	// Redis's µs taken, living life µs; spent until end on the book's
@@ -178,13 +181,14 @@ func (b *book) find(rkey string) *keyLease {
 func (h *keyLease) note(t time.Duration, cost, life int64) {
 	p := time.Duration(life) * time.Microsecond
 	if since := t - h.period; since >= p {
-		h.last = 0
+		h.last, h.lastAsks = 0, 0
 		if since < 2*p {
-			h.last = h.asked
+			h.last, h.lastAsks = h.asked, h.asks
 		}
-		h.asked, h.period = 0, t
+		h.asked, h.asks, h.period = 0, 0, t
 	}
 	h.asked += cost
+	h.asks++
 	h.used = t
 }
 
@@ -192,10 +196,10 @@ func (h *keyLease) note(t time.Duration, cost, life int64) {
 // µs: twice the key's demand in a period, the last one's or, if more,
 // this one's so far at its rate (so that a key seen often since its
 // entry was made leases in its first period, for about as long as a
-// lease lives), or 0 for a key that is not hot (fewer than 2*MinQuotaLease
-// events asked in either).
+// lease lives), or 0 for a key that is not hot (asked fewer than
+// 2*MinQuotaLease times in either).
 func (h *keyLease) want(t time.Duration, life int64) int64 {
-	if max(h.last, h.asked) < 2*algorithms.MinQuotaLease*algorithms.Milli {
+	if max(h.lastAsks, h.asks) < 2*algorithms.MinQuotaLease {
 		return 0
 	}
 	d := h.last
@@ -250,8 +254,9 @@ func (s *Store) leased(ctx context.Context, now int64, parts []part, cost int64)
 	h := b.lookup(hash, p.key)
 	if h == nil {
 		// A key seen for the first time in a while is cold, most of the
-		// time: it gets an entry only once the sketch saw it often.
-		seen := b.often(hash, cost)
+		// time: it gets an entry only once the sketch saw it often (its
+		// requests counted, not their cost: see hot above).
+		seen := b.often(hash, algorithms.Milli)
 		if seen < 2*algorithms.MinQuotaLease*algorithms.Milli {
 			return Verdict{}, false, nil
 		}

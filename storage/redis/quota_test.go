@@ -617,4 +617,14 @@ func TestLeaseDemand(t *testing.T) {
 			t.Errorf("step %d: %d events at %s: want() = %d, want %d", i, st.n, st.at, got, st.want)
 		}
 	}
+
+	// Hot is counted in requests, not cost: one request of 60 events
+	// (an LLM prompt) is cold, as is a key of three; a fourth makes it hot.
+	h = &keyLease{period: now}
+	for i := range 4 {
+		h.note(now, 60*algorithms.Milli, life)
+		if got := h.want(now, life); (got > 0) != (i == 3) {
+			t.Errorf("after %d requests of 60 events: want() = %d, want a lease only from the 4th", i+1, got)
+		}
+	}
 }
