@@ -9,13 +9,22 @@ const maxCostLen = 64
 
 // ParseCost parses a request's cost, such as a resolved placeholder "0.5",
 // into milli-units with CostMilli: rounding up, and clamping a huge cost to a
-// value above every capacity. It reports false for anything that is not a
-// finite decimal number >= 0: the empty string, words such as "NaN" and
-// "Inf", a minus sign, hexadecimal or underscored forms that
-// strconv.ParseFloat would accept, surrounding spaces, a number too large for
-// a float64 ("1e999"), and any string longer than 64 bytes. It does not
-// allocate when it succeeds.
+// value above every capacity. It reports false for anything ParseNumber
+// refuses. It does not allocate when it succeeds.
 func ParseCost(s string) (milli int64, ok bool) {
+	f, ok := ParseNumber(s)
+	if !ok {
+		return 0, false
+	}
+	return CostMilli(f)
+}
+
+// ParseNumber reads s as a finite decimal number >= 0, as a cost is read.
+// It reports false for the empty string, words such as "NaN" and "Inf", a
+// minus sign, hexadecimal or underscored forms that strconv.ParseFloat
+// would accept, surrounding spaces, a number too large for a float64
+// ("1e999"), and any string longer than 64 bytes.
+func ParseNumber(s string) (float64, bool) {
 	if len(s) == 0 || len(s) > maxCostLen {
 		return 0, false
 	}
@@ -35,5 +44,5 @@ func ParseCost(s string) (milli int64, ok bool) {
 	if err != nil { // malformed, or out of range ("1e999")
 		return 0, false
 	}
-	return CostMilli(f)
+	return f, true
 }

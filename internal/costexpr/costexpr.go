@@ -18,6 +18,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
 )
 
 // Expr is a compiled expression. Its zero value is not usable; Compile
@@ -197,30 +199,9 @@ func number(get func(string) (any, bool), name string) (float64, bool) {
 	return f, true
 }
 
-// maxNumberLen bounds a value read as a number, as a cost's.
-const maxNumberLen = 64
-
-// ParseNumber reads a placeholder's text as a number: a finite number
-// >= 0 in plain decimal or exponent form only (not hex, Inf, NaN or
-// 1_000, which strconv also reads), as a cost is read.
-func ParseNumber(s string) (float64, bool) {
-	if len(s) == 0 || len(s) > maxNumberLen {
-		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case '0' <= c && c <= '9', c == '.', c == 'e', c == 'E', c == '+':
-		case c == '-' && i > 0 && (s[i-1] == 'e' || s[i-1] == 'E'):
-		default:
-			return 0, false
-		}
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsInf(f, 0) {
-		return 0, false
-	}
-	return f, true
-}
+// ParseNumber reads a placeholder's text as a number, as a cost is read
+// (see algorithms.ParseNumber).
+func ParseNumber(s string) (float64, bool) { return algorithms.ParseNumber(s) }
 
 // parser is a recursive-descent parser that emits the program in
 // postfix order, tracking the stack depth it needs.
