@@ -15,7 +15,11 @@ import (
 
 // threeInstances is one Caddy config with three servers on 9081-9083, each
 // its own rate_limit handler with its own Redis client (the pool sizes
-// differ, so no client is shared): to Redis, three Caddy instances.
+// differ, so no client is shared): to Redis, three Caddy instances. Its
+// zone takes no quota leases: these tests hold one round trip a decision
+// to within 1% of B + r*T from below as well, which leases out when the
+// load stops may miss by their bound (leased keys across instances are
+// lease_test.go's and lease_kill_test.go's).
 func threeInstances(storage string) string {
 	cfg := globalOptions
 	for i := 1; i <= 3; i++ {
@@ -26,6 +30,7 @@ func threeInstances(storage string) string {
 				key {http.request.header.X-Client}
 				rate 100/s
 				burst 50
+				lease off
 			}
 			storage redis {
 				%s
