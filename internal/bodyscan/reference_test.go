@@ -422,14 +422,14 @@ func (s *splitReader) Read(p []byte) (int, error) {
 // under simple folding (strings.EqualFold, as encoding/json matches a
 // struct field): each pair once, so that rare pairs (an escaped
 // backslash, a lone continuation byte, z against Z) are not left to
-// chance.
+// chance; and each key against itself decoded.
 func TestKeyMatchAgainstEncodingJSON(t *testing.T) {
 	for _, raw := range genKeys {
 		var key string
 		if err := json.Unmarshal([]byte(`"`+raw+`"`), &key); err != nil {
 			t.Fatalf("key %q: %v", raw, err)
 		}
-		for _, seg := range genSegs {
+		for _, seg := range append([]string{key}, genSegs...) { // the key itself, decoded, first
 			if got, want := keyIs([]byte(raw), seg), key == seg; got != want {
 				t.Errorf("keyIs(%q, %q) = %v; encoding/json decodes the key to %q", raw, seg, got, key)
 			}
