@@ -271,14 +271,14 @@ func readDocument(body io.Reader) (buf []byte, end int) {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
-		room := min(cap(buf), maxJSONScan+1) - len(buf)
+		room := min(cap(buf), maxJSONScan) - len(buf)
 		n, err := body.Read(buf[len(buf) : len(buf)+room])
 		if i := d.scan(buf[len(buf) : len(buf)+n]); i >= 0 {
 			return buf[:len(buf)+n], len(buf) + i
 		}
 		buf = buf[:len(buf)+n]
-		if err != nil || len(buf) > maxJSONScan {
-			return buf, -1
+		if err != nil || len(buf) == maxJSONScan {
+			return buf, -1 // a document that did not end within the bound
 		}
 	}
 }
