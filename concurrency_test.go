@@ -363,6 +363,33 @@ func (abortHandler) ServeHTTP(http.ResponseWriter, *http.Request, caddyhttp.Hand
 // kill, without building a binary.
 const childEnv = "TOLLGATE_TEST_CHILD_CADDYFILE"
 
+// startChildCaddy starts the test binary as a Caddy (see childEnv) serving
+// site on a free loopback port, and returns the site's URL and the
+// process, killed at the end of the test if still alive. The caller waits
+// for it to answer.
+func startChildCaddy(t *testing.T, site string) (string, *exec.Cmd) {
+	t.Helper()
+	port := redistest.FreePort(t)
+	dir := t.TempDir()
+	cfg := fmt.Sprintf("{\n\tadmin off\n\thttp_port %d\n\tauto_https off\n\tskip_install_trust\n}\nhttp://127.0.0.1:%d {%s\n}\n", port, port, site)
+	path := dir + "/Caddyfile"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable() // the test binary; os.Args[0] is "caddy" here
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command(self, "-test.run=^$")
+	child.Env = append(os.Environ(), childEnv+"="+path, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	child.Stdout, child.Stderr = os.Stderr, os.Stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	return fmt.Sprintf("http://127.0.0.1:%d/", port), child
+}
+
 // runChildCaddy runs the Caddyfile at path and blocks.
 func runChildCaddy(path string) {
 	body, err := os.ReadFile(path)
@@ -404,25 +431,7 @@ func TestConcurrencyLeasesOfAKilledInstance(t *testing.T) {
 			}
 		}
 		reverse_proxy ` + strings.TrimPrefix(up.URL, "http://")
-	port := redistest.FreePort(t)
-	dir := t.TempDir()
-	cfg := fmt.Sprintf("{\n\tadmin off\n\thttp_port %d\n\tauto_https off\n\tskip_install_trust\n}\nhttp://127.0.0.1:%d {%s\n}\n", port, port, zone)
-	path := dir + "/Caddyfile"
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable() // the test binary; os.Args[0] is "caddy" here
-	if err != nil {
-		t.Fatal(err)
-	}
-	child := exec.Command(self, "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"="+path, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	child.Stdout, child.Stderr = os.Stderr, os.Stderr
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
-	childURL := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	childURL, child := startChildCaddy(t, zone)
 	waitFor(t, "the child Caddy", func() bool {
 		resp, err := http.Get(childURL + "ping")
 		if err == nil {

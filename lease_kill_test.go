@@ -3,7 +3,6 @@ package tollgate
 import (
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"sync"
 	"sync/atomic"
@@ -41,26 +40,7 @@ func leasedZone(addr, zone string, pool int) string {
 // process, killed at the end of the test if still alive.
 func startLeasedChild(t *testing.T, addr, zone string) (string, *exec.Cmd) {
 	t.Helper()
-	port := redistest.FreePort(t)
-	dir := t.TempDir()
-	cfg := fmt.Sprintf("{\n\tadmin off\n\thttp_port %d\n\tauto_https off\n\tskip_install_trust\n}\nhttp://127.0.0.1:%d {%s\n}\n",
-		port, port, leasedZone(addr, zone, 19))
-	path := dir + "/Caddyfile"
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	child := exec.Command(self, "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"="+path, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	child.Stdout, child.Stderr = os.Stderr, os.Stderr
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
-	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	url, child := startChildCaddy(t, leasedZone(addr, zone, 19))
 	waitFor(t, "the child Caddy", func() bool {
 		req, _ := http.NewRequest(http.MethodGet, url, nil)
 		req.Header.Set("X-Client", "probe") // another key: the test's stays untouched
