@@ -210,3 +210,25 @@ func TestLongLinesAgainstModel(t *testing.T) {
 		t.Errorf("in %d of %d streams the last long event read was not the last: the generator no longer reaches both sides of the bounds", skipped, n)
 	}
 }
+
+// TestLongLineNotKept: of a line longer than maxLineScan, split over
+// writes, the scanner keeps no more than the bound, and none of it once
+// it is over.
+func TestLongLineNotKept(t *testing.T) {
+	s := New([]string{"a"})
+	sse := http.Header{"Content-Type": {"text/event-stream"}}
+	chunk := []byte(strings.Repeat("c", 1000))
+	s.Feed(sse, []byte(": "))
+	held := 0
+	for range 4 * maxLineScan / len(chunk) {
+		s.Feed(sse, chunk)
+		held = max(held, len(s.buf))
+	}
+	if held > maxLineScan || len(s.buf) != 0 {
+		t.Errorf("a line of %d bytes in writes of %d: held up to %d bytes, %d at its end; want at most %d, then none", 4*maxLineScan, len(chunk), held, len(s.buf), maxLineScan)
+	}
+	s.Feed(sse, []byte("\ndata: {\"a\":1}\n\ndata: {\"a\":2}\n\n"))
+	if got := finish(s)["a"]; got != "2" {
+		t.Errorf("after the long line: a = %q, want 2 (its event skipped, the next read)", got)
+	}
+}

@@ -40,8 +40,7 @@ import (
 type Scanner struct {
 	paths []string
 	segs  [][]string // each path's segments
-	names [][]byte   // each path's first key, quoted, or nil: see mayHold
-	escs  [][]byte   // each path's escape: see mayHold
+	names []firstKey // each path's first key: see mayHold
 	found []string   // per path: the number last found, or ""
 	mode  scanMode
 	buf   []byte // JSON: the body so far; SSE: the line being read
@@ -79,19 +78,27 @@ func New(paths []string) *Scanner {
 	for _, p := range paths {
 		segs := strings.Split(p, ".")
 		s.segs = append(s.segs, segs)
-		name, esc := []byte(`"`+segs[0]+`"`), []byte(`\u`)
+		k := firstKey{quoted: []byte(`"` + segs[0] + `"`), esc: escUnicode}
 		switch {
 		case strings.ContainsRune(segs[0], utf8.RuneError):
-			// A key that is not UTF-8 decodes to U+FFFD: no bytes tell.
-			name, esc = nil, nil
+			k.any = true // a key that is not UTF-8 decodes to U+FFFD: no bytes tell
 		case strings.ContainsAny(segs[0], "\"/\b\f\n\r\t"):
-			esc = []byte(`\`) // a short escape may spell it
+			k.esc = escAny // a short escape may spell it
 		}
-		s.names = append(s.names, name)
-		s.escs = append(s.escs, esc)
+		s.names = append(s.names, k)
 	}
 	return s
 }
+
+// firstKey is what a document that has a member named a path's first
+// key holds (see mayHold).
+type firstKey struct {
+	quoted []byte // the key as written, quoted
+	esc    []byte // the escape any other spelling of it has
+	any    bool   // no bytes tell
+}
+
+var escUnicode, escAny = []byte(`\u`), []byte(`\`)
 
 // mayHold reports whether doc may have a member named path i's first
 // key, cheaply, before NumberAt walks it: doc holds the key as written,
@@ -99,7 +106,8 @@ func New(paths []string) *Scanner {
 // character that has a short escape, such as "/", any backslash), or
 // the key has U+FFFD, which any byte that is not UTF-8 decodes to.
 func (s *Scanner) mayHold(doc []byte, i int) bool {
-	return s.names[i] == nil || bytes.Contains(doc, s.names[i]) || bytes.Contains(doc, s.escs[i])
+	k := &s.names[i]
+	return k.any || bytes.Contains(doc, k.quoted) || bytes.Contains(doc, k.esc)
 }
 
 // Feed scans p, the next bytes of the body whose headers are h.
@@ -171,7 +179,7 @@ func (s *Scanner) feedSSE(p []byte) {
 			return
 		}
 		l := p[:i]
-		if len(s.buf) > 0 || s.long {
+		if len(s.buf) != 0 {
 			s.appendLine(l)
 			l = s.buf
 		}
