@@ -76,6 +76,12 @@ func TestEventEscapedFirstKey(t *testing.T) {
 		if got := readStream([]string{c.path}, "data: "+c.doc+"\n\n")[c.path]; got != c.want {
 			t.Errorf("an event %s: %q = %q, want %q", c.doc, c.path, got, c.want)
 		}
+		// After paths that the event does not name, which looked for
+		// the escapes first.
+		paths := []string{"x.y", "x/y.z", c.path}
+		if got := readStream(paths, "data: "+c.doc+"\n\n")[c.path]; got != c.want {
+			t.Errorf("an event %s, after paths it does not name: %q = %q, want %q", c.doc, c.path, got, c.want)
+		}
 		s := New([]string{c.path})
 		s.Feed(http.Header{"Content-Type": {"application/json"}}, []byte(c.doc))
 		if got := finish(s)[c.path]; got != c.want {

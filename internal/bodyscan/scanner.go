@@ -78,12 +78,12 @@ func New(paths []string) *Scanner {
 	for _, p := range paths {
 		segs := strings.Split(p, ".")
 		s.segs = append(s.segs, segs)
-		k := firstKey{quoted: []byte(`"` + segs[0] + `"`), esc: escUnicode}
+		k := firstKey{quoted: []byte(`"` + segs[0] + `"`)}
 		switch {
 		case strings.ContainsRune(segs[0], utf8.RuneError):
 			k.any = true // a key that is not UTF-8 decodes to U+FFFD: no bytes tell
 		case strings.ContainsAny(segs[0], "\"/\b\f\n\r\t"):
-			k.esc = escAny // a short escape may spell it
+			k.esc = 1 // a short escape may spell it: any backslash
 		}
 		s.names = append(s.names, k)
 	}
@@ -94,20 +94,33 @@ func New(paths []string) *Scanner {
 // key holds (see mayHold).
 type firstKey struct {
 	quoted []byte // the key as written, quoted
-	esc    []byte // the escape any other spelling of it has
+	esc    int    // the escape any other spelling of it has: an index of escapes
 	any    bool   // no bytes tell
 }
 
-var escUnicode, escAny = []byte(`\u`), []byte(`\`)
+// escapes are what a key spelled with an escape holds: `\u`, or for a
+// key with a character that has a short escape (such as "/"), a
+// backslash.
+var escapes = [2][]byte{[]byte(`\u`), []byte(`\`)}
 
 // mayHold reports whether doc may have a member named path i's first
 // key, cheaply, before NumberAt walks it: doc holds the key as written,
-// or an escape that a spelling of it needs (`\u`, or for a key with a
-// character that has a short escape, such as "/", any backslash), or
-// the key has U+FFFD, which any byte that is not UTF-8 decodes to.
-func (s *Scanner) mayHold(doc []byte, i int) bool {
+// or an escape that a spelling of it needs (escapes), or the key has
+// U+FFFD, which any byte that is not UTF-8 decodes to. held notes, per
+// escape, whether doc was looked into for it (1) and holds it (2): each
+// is looked for once a document, whatever the paths.
+func (s *Scanner) mayHold(doc []byte, i int, held *[len(escapes)]int8) bool {
 	k := &s.names[i]
-	return k.any || bytes.Contains(doc, k.quoted) || bytes.Contains(doc, k.esc)
+	if k.any || bytes.Contains(doc, k.quoted) {
+		return true
+	}
+	if held[k.esc] == 0 {
+		held[k.esc] = 1
+		if bytes.Contains(doc, escapes[k.esc]) {
+			held[k.esc] = 2
+		}
+	}
+	return held[k.esc] == 2
 }
 
 // Feed scans p, the next bytes of the body whose headers are h.
@@ -269,8 +282,9 @@ func (s *Scanner) event() {
 // one; with quick, only for a document that may name the path's first
 // key (mayHold).
 func (s *Scanner) lookup(doc []byte, quick bool) {
+	var held [len(escapes)]int8
 	for i, segs := range s.segs {
-		if quick && !s.mayHold(doc, i) {
+		if quick && !s.mayHold(doc, i, &held) {
 			continue
 		}
 		if n, ok := NumberAt(doc, segs); ok {
