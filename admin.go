@@ -138,7 +138,7 @@ func guardInfo(info *adminapi.ZoneInfo, z *zone) {
 				continue
 			}
 			l := t.spec.Limit
-			info.Tiers[value] = adminapi.TierInfo{Events: l.Events, Window: float64(l.Window) / microsPerSecond, Burst: l.Burst}
+			info.Tiers[value] = adminapi.TierInfo{Events: l.Events, Window: float64(l.Window) / microsPerSecond, Burst: l.Burst, Calendar: l.Calendar.String()}
 		}
 	}
 }

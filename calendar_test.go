@@ -124,6 +124,45 @@ func TestCalendarAdapt(t *testing.T) {
 	}
 }
 
+// TestZonesCommandCalendar: `caddy rate-limit zones` writes a calendar
+// zone's limit, and its tiers', as `rate` spells it (100000/mo, not the
+// nominal 30d) with its time zone, from what the admin API lists.
+func TestZonesCommandCalendar(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(globalOptions+`
+	localhost:9080 {
+		rate_limit {
+			zone monthly {
+				key {header.X-API-Key}
+				algorithm fixed_window
+				rate 100000/mo
+				align calendar
+				timezone Europe/Berlin
+				tier {header.X-Plan} {
+					pro 5000000/3mo
+					trial 1000/2w
+				}
+			}
+		}
+		respond ok
+	}`, "caddyfile")
+	var zones []adminapi.ZoneInfo
+	if code := adminDo(t, "GET", "/rate_limit/zones", &zones); code != 200 || len(zones) != 1 {
+		t.Fatalf("GET zones: %d %+v", code, zones)
+	}
+	if z := zones[0]; z.Calendar != "1mo" || z.Tiers["pro"].Calendar != "3mo" || z.Tiers["trial"].Calendar != "2w" {
+		t.Errorf("GET zones: calendar %q, tiers %+v; want 1mo, pro 3mo and trial 2w", z.Calendar, z.Tiers)
+	}
+	out, err := runCLI(t, "--address", testAdmin, "zones")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "100000/mo  100000  memory   0     calendar Europe/Berlin; tiers by {http.request.header.X-Plan}: pro 5000000/3mo, trial 1000/2w"
+	if !strings.Contains(out, want) {
+		t.Errorf("caddy rate-limit zones printed\n%s\nwant a row with %q", out, want)
+	}
+}
+
 // adminPost posts body to the admin API and decodes the JSON answer into
 // out; it returns the status.
 func adminPost(t *testing.T, path, body string, out any) int {

@@ -86,7 +86,7 @@ func get(t *testing.T, tester *caddytest.Tester, path string, headers ...string)
 	return resp, string(body)
 }
 
-// sendUnread sends req (which has no body), and sends it again, up to
+// sendUnread sends req, and sends it again (its body, if any, from GetBody), up to
 // three times, while the connection is reset or closed before any
 // response. Caddy binds its listeners with SO_REUSEPORT and pools them
 // across reloads: just after a test loads its config, a connection can
@@ -100,6 +100,9 @@ func sendUnread(t *testing.T, client *http.Client, req *http.Request) (*http.Res
 	for try := 0; try < 3 && err != nil && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)); try++ {
 		t.Logf("%s %s: %v; sending it again", req.Method, req.URL, err)
 		time.Sleep(50 * time.Millisecond)
+		if req.GetBody != nil {
+			req.Body, _ = req.GetBody() // the body again, from its start
+		}
 		resp, err = client.Do(req)
 	}
 	return resp, err

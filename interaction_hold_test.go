@@ -43,16 +43,20 @@ type ixSettled struct {
 // admits, held across a reload, or (Redis) a kill or a freeze.
 func ixGenerateSettle(rng *rand.Rand, s ixStep, redis bool) ixStep {
 	s.kind = "settle"
-	s.path = []string{"/login", "/cost"}[rng.Intn(2)]
+	s.path = []string{"/login", "/cost", "/llm"}[rng.Intn(3)]
 	faults := []string{"reload"}
 	if redis {
 		faults = []string{"reload", "kill", "freeze"}
 	}
 	s.zone = faults[rng.Intn(len(faults))]
 	n, sum := 1+rng.Intn(3), 0
+	plan := []string{"", "gold"}[rng.Intn(2)] // /llm: the model of every request, m1 or m2
 	for j := 0; j < n; j++ {
 		p := ixStep{kind: "req", path: s.path, instance: 1, cost: 1 + rng.Intn(2),
 			est: rng.Intn(4), actual: rng.Intn(9), stream: rng.Intn(3) == 0}
+		if s.path == "/llm" {
+			p.plan = plan
+		}
 		if redis {
 			p.instance = 1 + rng.Intn(2)
 		}
@@ -62,10 +66,14 @@ func ixGenerateSettle(rng *rand.Rand, s ixStep, redis bool) ixStep {
 		if rng.Intn(5) == 0 {
 			p.actual = -1
 		}
-		if s.path == "/cost" && sum+max(p.est, 1) > 4 {
-			break // ix_cost admits 4 events: each one is admitted
+		reserve := max(p.est, 1)
+		if s.path == "/llm" && p.est > 0 {
+			reserve = p.est * int(ixPrice(ixModel(p)))
 		}
-		sum += max(p.est, 1)
+		if s.path == "/cost" && sum+reserve > 4 || s.path == "/llm" && sum+reserve > 12 {
+			break // ix_cost admits 4 events, ix_llm 12: each one is admitted
+		}
+		sum += reserve
 		s.parts = append(s.parts, p)
 	}
 	if s.zone == "kill" {
@@ -81,6 +89,8 @@ func ixSettleString(s ixStep) string {
 	for _, p := range s.parts {
 		if s.path == "/login" {
 			parts = append(parts, fmt.Sprintf("i%d %s", p.instance, map[bool]string{true: "fails", false: "succeeds"}[p.cost == 2]))
+		} else if s.path == "/llm" {
+			parts = append(parts, fmt.Sprintf("i%d model=%s est=%d actual=%d stream=%v", p.instance, ixModel(p), p.est, p.actual, p.stream))
 		} else {
 			parts = append(parts, fmt.Sprintf("i%d est=%d actual=%d stream=%v", p.instance, p.est, p.actual, p.stream))
 		}
@@ -252,7 +262,11 @@ func (r *ixRun) settle(s ixStep, step int) {
 		if !contains(z.paths, s.path) || !(z.settle || z.failures) {
 			continue
 		}
-		r.checkSettled(s, step, z, key)
+		k := key
+		if z.llm {
+			k += "-" + ixModel(s.parts[0]) // the zone's key names the model
+		}
+		r.checkSettled(s, step, z, k)
 	}
 	r.recheck(step)
 }
@@ -269,6 +283,15 @@ func (r *ixRun) checkSettled(s ixStep, step int, z ixZone, key string) {
 		case z.failures:
 			if p.cost == 2 {
 				c = 1 // a failed login keeps its event
+			}
+		case z.llm:
+			price := ixPrice(ixModel(p))
+			if p.est >= 0 {
+				res = int64(p.est) * price
+			}
+			c = res // no usage: the estimate stays
+			if p.actual >= 0 {
+				c = int64(p.actual) * price
 			}
 		case p.actual >= 0:
 			res, c = int64(max(p.est, 1)), int64(p.actual)

@@ -111,6 +111,15 @@ type ixZone struct {
 	// adaptive: concurrency adaptive, at most this many in flight (max),
 	// starting at it; each instance (here one process) adapts alone.
 	adaptive int
+	// llm: a model's budget, as docs/recipes.md's money budget: the
+	// request's JSON (POST {"model": m, "max_tokens": est}) names the
+	// model, which is part of the key and, through Caddy's map, its price
+	// (ixPrice); the estimate is the expression max_tokens × price
+	// (default_cost 1 without max_tokens), settled to the expression
+	// (completion + prompt tokens) × price of the response's usage (or of
+	// X-Usage, with a reload's usage "header"). The checker's id is
+	// zone|key|model.
+	llm bool
 	// lease: on Redis, its keys are hot in a burst (quota leases, on by
 	// default, with a limit that a burst's leases approach): after a
 	// reset, an instance that has not heard of it yet may spend its
@@ -138,7 +147,19 @@ var ixZones = []ixZone{
 	{name: "ix_day", algo: "fixed_window", paths: []string{"/day"}, events: 5, window: 24 * time.Hour, costly: true, grants: true, tz: ixKolkata},
 	{name: "ix_adapt", paths: []string{"/ahold"}, adaptive: ixAdaptiveMax},
 	{name: "ix_lease", algo: "fixed_window", paths: []string{"/lease"}, events: 24, window: ixWindow, costly: true, grants: true, lease: true},
+	{name: "ix_llm", algo: "token_bucket", paths: []string{"/llm"}, events: 12, window: ixWindow, settle: true, llm: true},
 }
+
+// ixModel is the model of a /llm request: m2 for plan gold, else m1.
+func ixModel(s ixStep) string {
+	if s.plan == "gold" {
+		return "m2"
+	}
+	return "m1"
+}
+
+// ixPrice is a model's price, as the configuration's map has it.
+func ixPrice(model string) int64 { return map[string]int64{"m1": 1, "m2": 2}[model] }
 
 // ixAdaptiveMax is ix_adapt's max: requests of a key in flight in this
 // process, its instances together, never exceed it.
@@ -153,7 +174,7 @@ var ixKolkata = func() *time.Location {
 	return l
 }()
 
-var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login", "/cost", "/day", "/lease"}
+var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login", "/cost", "/day", "/lease", "/llm"}
 
 // ixGrantZones are the zones a grant step grants in: those with grants.
 var ixGrantZones = func() (names []string) {
@@ -171,7 +192,7 @@ type ixSettings struct {
 	maxKeys  int
 	poolSize int
 	timeout  string
-	usage    string // where ix_cost reads the actual cost: "json" (the body) or "header"
+	usage    string // where ix_cost and ix_llm read the actual cost: "json" (the body) or "header"
 }
 
 func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
@@ -180,14 +201,26 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 	for i := 1; i <= instances; i++ {
 		var zones strings.Builder
 		for _, z := range ixZones {
-			fmt.Fprintf(&zones, "\t\t\tzone %s {\n\t\t\t\tmatch {\n\t\t\t\t\tpath %s\n\t\t\t\t}\n\t\t\t\tkey {http.request.header.X-Client}\n", z.name, strings.Join(z.paths, " "))
+			key := "{http.request.header.X-Client}"
+			if z.llm {
+				key += "-{http.rate_limit.request.json.model}"
+			}
+			fmt.Fprintf(&zones, "\t\t\tzone %s {\n\t\t\t\tmatch {\n\t\t\t\t\tpath %s\n\t\t\t\t}\n\t\t\t\tkey %s\n", z.name, strings.Join(z.paths, " "), key)
 			switch {
 			case z.tz != nil:
 				fmt.Fprintf(&zones, "\t\t\t\talgorithm %s\n\t\t\t\tevents %d\n\t\t\t\twindow 1d\n\t\t\t\talign calendar\n\t\t\t\ttimezone %s\n", z.algo, z.events, z.tz)
 			case z.algo != "":
 				fmt.Fprintf(&zones, "\t\t\t\talgorithm %s\n\t\t\t\tevents %d\n\t\t\t\twindow %s\n", z.algo, z.events, z.window)
 			}
-			if z.settle {
+			switch {
+			case z.llm:
+				zones.WriteString("\t\t\t\tcost \"{http.rate_limit.request.json.max_tokens} * {ix_price}\"\n\t\t\t\tdefault_cost 1\n")
+				usage := "({http.rate_limit.response.json.usage.total_tokens} - {http.rate_limit.response.json.usage.prompt_tokens} + {http.rate_limit.response.json.usage.prompt_tokens}) * {ix_price}"
+				if s.usage == "header" {
+					usage = "{http.response.header.X-Usage} * {ix_price}"
+				}
+				fmt.Fprintf(&zones, "\t\t\t\tcost_response \"%s\"\n", usage)
+			case z.settle:
 				zones.WriteString("\t\t\t\tcost {http.request.header.X-Est}\n")
 				usage := "{http.rate_limit.response.json.usage.total_tokens}"
 				if s.usage == "header" {
@@ -234,6 +267,10 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 		cfg += fmt.Sprintf(`
 	http://localhost:%d {
 		header -X-Usage
+		map {http.rate_limit.request.json.model} {ix_price} {
+			m2 2
+			default 1
+		}
 		rate_limit {
 %s%s			jitter %s
 		}
@@ -257,8 +294,15 @@ func ixConfig(up string, redisAddr string, instances int, s ixSettings) string {
 		handle /login {
 			reverse_proxy %s
 		}
+		handle /llm {
+			encode {
+				gzip
+				minimum_length 1
+			}
+			reverse_proxy %s
+		}
 		respond "ok"
-	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"), strings.TrimPrefix(up, "http://"))
+	}`, ixPort+i, zones.String(), storage, s.jitter, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"), i, strings.TrimPrefix(up, "http://"), strings.TrimPrefix(up, "http://"), strings.TrimPrefix(up, "http://"))
 	}
 	return cfg
 }
@@ -287,11 +331,23 @@ type ixHeld struct {
 func newIxUpstream(t *testing.T, slots int) *ixUpstream {
 	u := &ixUpstream{slots: slots, held: map[string]*ixHeld{}, seen: map[string]bool{}, settling: map[string]chan struct{}{}}
 	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/cost" || r.URL.Path == "/login" {
+		if r.URL.Path == "/cost" || r.URL.Path == "/login" || r.URL.Path == "/llm" {
+			if r.URL.Path == "/llm" {
+				// The limiter read the request's JSON: the upstream gets
+				// it as the client sent it.
+				body, err := io.ReadAll(r.Body)
+				if want := r.Header.Get("X-Body"); err != nil || string(body) != want {
+					u.mu.Lock()
+					if u.fault == "" {
+						u.fault = fmt.Sprintf("a /llm request's body reached the upstream as %q (%v), sent as %q", body, err, want)
+					}
+					u.mu.Unlock()
+				}
+			}
 			if id := r.Header.Get("X-Hold"); id != "" {
 				u.holdSettling(r, id)
 			}
-			if r.URL.Path == "/cost" {
+			if r.URL.Path != "/login" {
 				ixUsage(w, r)
 			} else if r.Header.Get("X-Fail") != "" {
 				w.WriteHeader(http.StatusUnauthorized) // a failed login
@@ -455,6 +511,9 @@ func (s ixStep) String() string {
 		if s.path == "/cost" {
 			return fmt.Sprintf("%s i%d %s k%d est=%d actual=%d stream=%v n=%d", s.kind, s.instance, s.path, s.key, s.est, s.actual, s.stream, s.n)
 		}
+		if s.path == "/llm" {
+			return fmt.Sprintf("%s i%d %s k%d model=%s est=%d actual=%d stream=%v n=%d", s.kind, s.instance, s.path, s.key, ixModel(s), s.est, s.actual, s.stream, s.n)
+		}
 		return fmt.Sprintf("%s i%d %s k%d cost=%d plan=%q n=%d", s.kind, s.instance, s.path, s.key, s.cost, s.plan, s.n)
 	case "hold":
 		return fmt.Sprintf("hold i%d %s k%d", s.instance, s.path, s.key)
@@ -551,7 +610,7 @@ func ixGenerate(seed int64, n int, redis bool) []ixStep {
 			}
 			// Five failed calls open the breaker: half the outages do.
 			s.kind, s.n = "pause", rng.Intn(10)
-			s.zone = []string{"ix_tb", "ix_sw", "ix_sl", "ix_fw", "ix_ban", "ix_tier", "ix_cost", "ix_day"}[rng.Intn(8)]
+			s.zone = []string{"ix_tb", "ix_sw", "ix_sl", "ix_fw", "ix_ban", "ix_tier", "ix_cost", "ix_day", "ix_llm"}[rng.Intn(9)]
 			s.cost = rng.Intn(2) // reset after the resume
 			s.d = time.Duration(rng.Intn(400)) * time.Millisecond
 		default:
@@ -606,6 +665,7 @@ type ixRun struct {
 	// What the runs exercised, for the log: admissions of a settled zone
 	// that owed an excess, grants made, admissions of a calendar zone.
 	owing, granted, calendar, steps int
+	llm                             int // admissions of ix_llm
 	// settled are the keys of settle steps and what their state must
 	// show, checked again after later steps; settles counts the settle
 	// steps, excused the settlements a freeze may have lost.
@@ -655,6 +715,15 @@ func (r *ixRun) url(instance int, path string) string {
 // request is step s's request.
 func (r *ixRun) request(s ixStep) *http.Request {
 	req, _ := http.NewRequest(http.MethodGet, r.url(s.instance, s.path), nil)
+	if s.path == "/llm" {
+		body := `{"model":"` + ixModel(s) + `"}`
+		if s.est >= 0 {
+			body = fmt.Sprintf(`{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":%d}`, ixModel(s), s.est)
+		}
+		req, _ = http.NewRequest(http.MethodPost, r.url(s.instance, s.path), strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Body", body)
+	}
 	req.Header.Set("X-Client", r.key(s.key))
 	req.Header.Set("X-Cost", strconv.Itoa(s.cost))
 	if s.cost == 2 && s.path == "/login" {
@@ -713,7 +782,16 @@ func (r *ixRun) record(s ixStep, step int, code int) {
 				cost = int64(s.cost)
 			}
 			reserved := cost
-			if z.settle {
+			if z.llm {
+				price := ixPrice(ixModel(s))
+				reserved, cost = 1, 1 // default_cost: no max_tokens
+				if s.est >= 0 {
+					reserved, cost = int64(s.est)*price, int64(s.est)*price
+				}
+				if s.actual >= 0 {
+					cost = int64(s.actual) * price
+				}
+			} else if z.settle {
 				reserved, cost = 1, 1
 				if s.est >= 0 {
 					reserved, cost = int64(s.est), int64(s.est)
@@ -726,11 +804,17 @@ func (r *ixRun) record(s ixStep, step int, code int) {
 			if z.tiers != nil {
 				id += "|" + s.plan
 			}
+			if z.llm {
+				id += "|" + ixModel(s)
+			}
 			switch {
 			case z.settle && cost > reserved:
 				r.owing++
 			case z.tz != nil:
 				r.calendar++
+			}
+			if z.llm {
+				r.llm++
 			}
 			r.admitted[id] = append(r.admitted[id], ixAdmission{at: at, cost: cost, reserved: reserved, group: r.group,
 				outage: r.outage, inst: s.instance, outageN: r.outages})
@@ -910,6 +994,19 @@ func (r *ixRun) adminBody(method, path, body string) int {
 // reset resets a key in a zone; the checker then starts its history anew.
 func (r *ixRun) reset(zone string, k int, step int) {
 	key := r.key(k)
+	if ixZoneNamed(zone).llm {
+		// A key per model: each is reset, and forgotten alone.
+		for _, m := range []string{"m1", "m2"} {
+			code := r.admin(http.MethodDelete, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key+"-"+m))
+			if code != 200 && code != 404 && !(r.outage && code == 503) {
+				r.failf("step %d: reset %s %s: status %d", step, zone, key+"-"+m, code)
+			}
+			if code == 200 || code == 404 {
+				delete(r.admitted, zone+"|"+key+"|"+m)
+			}
+		}
+		return
+	}
 	code := r.admin(http.MethodDelete, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key))
 	if code != 200 && code != 404 && !(r.outage && code == 503) {
 		r.failf("step %d: reset %s %s: status %d", step, zone, key, code)
@@ -1007,7 +1104,7 @@ func (r *ixRun) do(s ixStep, step int) {
 	case "req":
 		// A client of a settled zone spends what it owes at once: its
 		// requests one after another until one is refused.
-		for j := 0; r.send(s, step) == 200 && s.path == "/cost" && j < 6; j++ {
+		for j := 0; r.send(s, step) == 200 && (s.path == "/cost" || s.path == "/llm") && j < 6; j++ {
 		}
 	case "burst":
 		r.burst(s, step)
@@ -1581,7 +1678,7 @@ func TestInteraction(t *testing.T) {
 				t.Fatalf("seed %d (TOLLGATE_INTERACT_SEED=%d), step %d:\n\t%s\nshortest failing sequence found (TOLLGATE_INTERACT_STEPS=%s):\n\t%s",
 					s, s, failed, strings.Join(errs, "\n\t"), shrunk.indexes, strings.Join(shrunk.lines, "\n\t"))
 			}
-			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day, %d settle steps (%d keys a freeze excused)", seed, round, r.steps, budget, r.owing, r.granted, r.calendar, r.settles, r.excused)
+			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day, %d of a model's budget, %d settle steps (%d keys a freeze excused)", seed, round, r.steps, budget, r.owing, r.granted, r.calendar, r.llm, r.settles, r.excused)
 			t.Logf("time by step kind: %v", r.took)
 			if r.srv != nil {
 				taken, returned, expired, lost, decisions := redisstore.LeaseTotals()

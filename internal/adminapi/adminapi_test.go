@@ -88,3 +88,41 @@ func TestWriteKeyLease(t *testing.T) {
 		t.Errorf("WriteKey wrote a lease line without a lease:\n%s", b.String())
 	}
 }
+
+// TestWriteZonesCalendar: a calendar zone's limit, and its tiers', is
+// written as `rate` and `window` spell it (a month is not 30 days), its
+// time zone beside it; a zone of fixed windows as before.
+func TestWriteZonesCalendar(t *testing.T) {
+	zones := []ZoneInfo{
+		{Zone: "monthly", Algorithm: "fixed_window", Events: 100000, Window: 30 * 86400, Burst: 100000, Storage: "redis",
+			Calendar: "1mo", Timezone: "America/New_York", TierKey: "{plan}", Tiers: map[string]TierInfo{
+				"gold":  {Events: 5000000, Window: 90 * 86400, Burst: 5000000, Calendar: "3mo"},
+				"trial": {Events: 1000, Window: 14 * 86400, Burst: 1000},
+			}},
+		{Zone: "daily", Algorithm: "fixed_window", Events: 2, Window: 86400, Burst: 2, Storage: "memory", Calendar: "1d", Timezone: "UTC"},
+		{Zone: "weeks", Algorithm: "fixed_window", Events: 70, Window: 14 * 86400, Burst: 70, Storage: "memory", Calendar: "2w", Timezone: "UTC"},
+		{Zone: "tens", Algorithm: "fixed_window", Events: 5, Window: 10 * 86400, Burst: 5, Storage: "memory", Calendar: "10d", Timezone: "UTC"},
+		{Zone: "plain", Algorithm: "fixed_window", Events: 2, Window: 86400, Burst: 2, Storage: "memory"},
+	}
+	var b strings.Builder
+	if err := WriteZones(&b, zones); err != nil {
+		t.Fatal(err)
+	}
+	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
+	for i, want := range [][]string{
+		{"monthly", "fixed_window", "100000/mo", "100000", "redis", "-", "calendar America/New_York; tiers by {plan}: gold 5000000/3mo, trial 1000/14d"},
+		{"daily", "fixed_window", "2/d", "2", "memory", "-", "calendar UTC"},
+		{"weeks", "fixed_window", "70/2w", "70", "memory", "-", "calendar UTC"},
+		{"tens", "fixed_window", "5/10d", "5", "memory", "-", "calendar UTC"},
+		{"plain", "fixed_window", "2/day", "2", "memory", "-", ""},
+	} {
+		if i+1 >= len(rows) {
+			t.Fatalf("WriteZones wrote %d rows, want %d:\n%s", len(rows)-1, 5, b.String())
+		}
+		fields := strings.Fields(rows[i+1])
+		got := strings.Join(fields[:min(6, len(fields))], " ") + " | " + strings.Join(fields[min(6, len(fields)):], " ")
+		if w := strings.Join(want[:6], " ") + " | " + want[6]; got != w {
+			t.Errorf("row %d: %q, want %q", i+1, got, w)
+		}
+	}
+}

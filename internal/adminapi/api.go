@@ -67,7 +67,8 @@ type AdaptiveState struct {
 // TierInfo is one tier's limit in GET /rate_limit/zones.
 type TierInfo struct {
 	Events    int64   `json:"events,omitempty"`
-	Window    float64 `json:"window,omitempty"` // seconds
+	Window    float64 `json:"window,omitempty"`   // seconds; a calendar window's nominal length
+	Calendar  string  `json:"calendar,omitempty"` // a calendar window as configured ("1mo"), as ZoneInfo's
 	Burst     int64   `json:"burst,omitempty"`
 	Unlimited bool    `json:"unlimited,omitempty"`
 }

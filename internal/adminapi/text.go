@@ -47,7 +47,7 @@ func WriteZones(out io.Writer, zones []ZoneInfo) error {
 	for _, z := range zones {
 		alg, limit, burst := z.Algorithm, "-", "-"
 		if z.Events > 0 {
-			limit, burst = FormatLimit(z.Events, z.Window), strconv.FormatInt(z.Burst, 10)
+			limit, burst = limitText(z.Events, z.Window, z.Calendar), strconv.FormatInt(z.Burst, 10)
 		} else {
 			alg = "-"
 		}
@@ -63,6 +63,9 @@ func WriteZones(out io.Writer, zones []ZoneInfo) error {
 // zoneAlso describes what a zone has beside its rate.
 func zoneAlso(z ZoneInfo) string {
 	var also []string
+	if z.Calendar != "" {
+		also = append(also, "calendar "+z.Timezone)
+	}
 	if z.Concurrency > 0 {
 		s := fmt.Sprintf("concurrency %d", z.Concurrency)
 		if z.Storage == "redis" {
@@ -89,9 +92,9 @@ func zoneAlso(z ZoneInfo) string {
 			case t.Unlimited:
 				tiers[i] = v + " unlimited"
 			case t.Burst != t.Events:
-				tiers[i] = fmt.Sprintf("%s %s burst %d", v, FormatLimit(t.Events, t.Window), t.Burst)
+				tiers[i] = fmt.Sprintf("%s %s burst %d", v, limitText(t.Events, t.Window, t.Calendar), t.Burst)
 			default:
-				tiers[i] = v + " " + FormatLimit(t.Events, t.Window)
+				tiers[i] = v + " " + limitText(t.Events, t.Window, t.Calendar)
 			}
 		}
 		also = append(also, "tiers by "+z.TierKey+": "+strings.Join(tiers, ", "))
@@ -160,6 +163,21 @@ func FormatLimit(events int64, window float64) string {
 		}
 	}
 	return fmt.Sprintf("%d/%s", events, FormatSeconds(window))
+}
+
+// limitText is a rate for the zones table: FormatLimit, or for a
+// calendar window (calendar "1mo", "3mo", "1d", "2w") the window as
+// `rate` and `window` spell it, "100000/mo", "100/3mo", "2/d": a month
+// has no length in seconds, and its nominal 30 days is not what the
+// zone counts.
+func limitText(events int64, window float64, calendar string) string {
+	if calendar == "" {
+		return FormatLimit(events, window)
+	}
+	if unit, ok := strings.CutPrefix(calendar, "1"); ok && unit != "" && (unit[0] < '0' || unit[0] > '9') {
+		calendar = unit // one unit: "mo", as in rate 100000/mo
+	}
+	return fmt.Sprintf("%d/%s", events, calendar)
 }
 
 // FormatSeconds writes a duration in seconds for people: "600ms", "59s",

@@ -38,14 +38,15 @@ func TestJSONBodyBound(t *testing.T) {
 }
 
 // twoLines returns a JSON document holding usage.total_tokens 7 as two
-// data lines, of n bytes when joined by their line end.
+// data lines, of n bytes when each is followed by its LF (as the SSE
+// specification's data buffer holds them).
 func twoLines(n int) (string, string) {
 	first := `{"usage":{"total_tokens":7},`
-	return first, `"pad":"` + strings.Repeat("x", n-len(first)-1-len(`"pad":""}`)) + `"}`
+	return first, `"pad":"` + strings.Repeat("x", n-len(first)-2-len(`"pad":""}`)) + `"}`
 }
 
 // TestEventBound: an event's data is kept up to maxEventScan bytes,
-// counting a line end after each data line (so a single data line of
+// counting the LF after each data line (so a single data line of
 // maxEventScan-1 bytes), whether its lines come whole in a write or
 // split; an event over it is skipped, and the next one read.
 func TestEventBound(t *testing.T) {
@@ -55,20 +56,19 @@ func TestEventBound(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		stream string
-		whole  bool // only whole in one write: its line is over the line bound
 		want   string
 	}{
-		{"one line at the bound", "data: " + padded(maxEventScan-1) + "\n\n", true, "7"},
-		{"one line over the bound", "data: " + padded(maxEventScan) + "\n\n", true, ""},
-		{"two lines at the bound", "data: " + atBound1 + "\ndata: " + atBound2 + "\n\n", false, "7"},
-		{"two lines over the bound", "data: " + overBound1 + "\ndata: " + overBound2 + "\n\n", false, ""},
-		{"after a skipped event", "data: " + overBound1 + "\ndata: " + overBound2 + "\n\n" + `data: {"usage":{"total_tokens":8}}` + "\n\n", false, "8"},
+		{"one line at the bound", "data: " + padded(maxEventScan-1) + "\n\n", "7"},
+		{"one line over the bound", "data: " + padded(maxEventScan) + "\n\n", ""},
+		{"one line at the bound, no space", "data:" + padded(maxEventScan-1) + "\n\n", "7"},
+		{"a field data without a colon first, at the bound", "data\ndata: " + padded(maxEventScan-2) + "\n\n", "7"},
+		{"a field data without a colon first, over the bound", "data\ndata: " + padded(maxEventScan-1) + "\n\n", ""},
+		{"a comment and an id first, at the bound", ": c\nid: 1\ndata: " + padded(maxEventScan-1) + "\n\n", "7"},
+		{"two lines at the bound", "data: " + atBound1 + "\ndata: " + atBound2 + "\n\n", "7"},
+		{"two lines over the bound", "data: " + overBound1 + "\ndata: " + overBound2 + "\n\n", ""},
+		{"after a skipped event", "data: " + overBound1 + "\ndata: " + overBound2 + "\n\n" + `data: {"usage":{"total_tokens":8}}` + "\n\n", "8"},
 	} {
-		steps := []int{len(c.stream)}
-		if !c.whole {
-			steps = append(steps, 1<<10, 7919)
-		}
-		for _, step := range steps {
+		for _, step := range []int{len(c.stream), 1 << 10, 7919} {
 			s := New([]string{"usage.total_tokens"})
 			for i := 0; i < len(c.stream); i += step {
 				s.Feed(sse, []byte(c.stream[i:min(len(c.stream), i+step)]))
@@ -80,8 +80,8 @@ func TestEventBound(t *testing.T) {
 	}
 }
 
-// TestLineBound: a line split over writes is kept up to maxEventScan
-// bytes together; a longer line skips its event.
+// TestLineBound: a line is kept up to maxLineScan bytes, whole in a
+// write or split over writes; a longer line skips its event.
 func TestLineBound(t *testing.T) {
 	sse := http.Header{"Content-Type": {"text/event-stream"}}
 	data := `data: {"usage":{"total_tokens":7}}` + "\n"
@@ -90,17 +90,19 @@ func TestLineBound(t *testing.T) {
 		stream string
 		want   string
 	}{
-		{"a data line at the bound", "data: " + padded(maxEventScan-len("data: ")) + "\n\n", "7"},
-		{"a data line over the bound", "data: " + padded(maxEventScan-len("data: ")+1) + "\n\n", ""},
-		{"a comment at the bound", ": " + strings.Repeat("c", maxEventScan-2) + "\n" + data + "\n", "7"},
-		{"a comment over the bound", ": " + strings.Repeat("c", maxEventScan-1) + "\n" + data + "\n", ""},
+		{"a comment at the bound", ": " + strings.Repeat("c", maxLineScan-2) + "\n" + data + "\n", "7"},
+		{"a comment over the bound", ": " + strings.Repeat("c", maxLineScan-1) + "\n" + data + "\n", ""},
+		{"an id at the bound", "id: " + strings.Repeat("1", maxLineScan-4) + "\n" + data + "\n", "7"},
+		{"an id over the bound", "id: " + strings.Repeat("1", maxLineScan-3) + "\n" + data + "\n", ""},
 	} {
-		s := New([]string{"usage.total_tokens"})
-		for i := 0; i < len(c.stream); i += 1000 {
-			s.Feed(sse, []byte(c.stream[i:min(len(c.stream), i+1000)]))
-		}
-		if got := finish(s)["usage.total_tokens"]; got != c.want {
-			t.Errorf("%s, writes of 1000: usage.total_tokens = %q, want %q", c.name, got, c.want)
+		for _, step := range []int{len(c.stream), 1000} {
+			s := New([]string{"usage.total_tokens"})
+			for i := 0; i < len(c.stream); i += step {
+				s.Feed(sse, []byte(c.stream[i:min(len(c.stream), i+step)]))
+			}
+			if got := finish(s)["usage.total_tokens"]; got != c.want {
+				t.Errorf("%s, writes of %d: usage.total_tokens = %q, want %q", c.name, step, got, c.want)
+			}
 		}
 	}
 }

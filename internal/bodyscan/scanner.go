@@ -11,6 +11,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 )
 
 // Scanner reads the numbers at its paths from a response body as it
@@ -22,26 +23,30 @@ import (
 //     as it passes, and what it decompresses to is read as below; any
 //     other encoding (or several) is not read: it keeps the estimate.
 //   - A Server-Sent Events stream (Content-Type text/event-stream) is
-//     read event by event; each event whose data is a JSON object naming
-//     the path's first key is decoded, and the last event that holds a
-//     number at the path wins (an OpenAI-compatible stream's final chunk
-//     with stream_options.include_usage, Anthropic's message_delta). Only
-//     an event ended by its empty line is read, as the SSE specification
-//     dispatches events: a stream cut off mid-event keeps what earlier
-//     events said. At most maxEventScan bytes of one event are kept; a
-//     longer event is skipped.
+//     read event by event; each event whose data (its data lines joined,
+//     as the SSE specification has it) is a JSON object, white space
+//     before it or not, is read as encoding/json reads it, and the last
+//     event that holds a number at the path wins (an OpenAI-compatible
+//     stream's final chunk with stream_options.include_usage,
+//     Anthropic's message_delta). Only an event ended by its empty line
+//     is read, as the SSE specification dispatches events: a stream cut
+//     off mid-event keeps what earlier events said. An event is skipped
+//     when its data (each line's followed by its LF) is longer than
+//     maxEventScan bytes, or when one of its lines is longer than
+//     maxLineScan, wherever the writes cut the stream.
 //   - Any other body is read as one JSON document, of which at most
 //     maxJSONScan bytes are kept; a longer body, or one that is not a
 //     whole JSON document (cut off mid-write), keeps the estimate.
 type Scanner struct {
 	paths []string
 	segs  [][]string // each path's segments
-	names [][]byte   // each path's first key, quoted: what an event must hold
+	names []firstKey // each path's first key: see mayHold
 	found []string   // per path: the number last found, or ""
 	mode  scanMode
 	buf   []byte // JSON: the body so far; SSE: the line being read
-	data  []byte // SSE: the current event's data
+	data  []byte // SSE: the current event's data, each line's ended by LF
 	skip  bool   // SSE: the current event is too long to read
+	long  bool   // SSE: the line being read is too long (not kept)
 	cr    bool   // SSE: the last write ended with a CR
 	// dec, for a compressed body, decompresses the bytes fed and scans
 	// what they decompress to, on a goroutine of its own, which owns the
@@ -62,6 +67,10 @@ const (
 const (
 	maxJSONScan  = 1 << 20  // a JSON body longer than this keeps the estimate
 	maxEventScan = 64 << 10 // an event longer than this is skipped
+	// maxLineScan bounds a line: an event with a longer line is skipped.
+	// Its "data: " on top of the event's bound lets every data line
+	// within that bound be read, whole in a write or not.
+	maxLineScan = maxEventScan + len("data: ")
 )
 
 func New(paths []string) *Scanner {
@@ -69,9 +78,49 @@ func New(paths []string) *Scanner {
 	for _, p := range paths {
 		segs := strings.Split(p, ".")
 		s.segs = append(s.segs, segs)
-		s.names = append(s.names, []byte(`"`+segs[0]+`"`))
+		k := firstKey{quoted: []byte(`"` + segs[0] + `"`)}
+		switch {
+		case strings.ContainsRune(segs[0], utf8.RuneError):
+			k.any = true // a key that is not UTF-8 decodes to U+FFFD: no bytes tell
+		case strings.ContainsAny(segs[0], "\"/\b\f\n\r\t"):
+			k.esc = 1 // a short escape may spell it: any backslash
+		}
+		s.names = append(s.names, k)
 	}
 	return s
+}
+
+// firstKey is what a document that has a member named a path's first
+// key holds (see mayHold).
+type firstKey struct {
+	quoted []byte // the key as written, quoted
+	esc    int    // the escape any other spelling of it has: an index of escapes
+	any    bool   // no bytes tell
+}
+
+// escapes are what a key spelled with an escape holds: `\u`, or for a
+// key with a character that has a short escape (such as "/"), a
+// backslash.
+var escapes = [2][]byte{[]byte(`\u`), []byte(`\`)}
+
+// mayHold reports whether doc may have a member named path i's first
+// key, cheaply, before NumberAt walks it: doc holds the key as written,
+// or an escape that a spelling of it needs (escapes), or the key has
+// U+FFFD, which any byte that is not UTF-8 decodes to. held notes, per
+// escape, whether doc was looked into for it (1) and holds it (2): each
+// is looked for once a document, whatever the paths.
+func (s *Scanner) mayHold(doc []byte, i int, held *[len(escapes)]int8) bool {
+	k := &s.names[i]
+	if k.any || bytes.Contains(doc, k.quoted) {
+		return true
+	}
+	if held[k.esc] == 0 {
+		held[k.esc] = 1
+		if bytes.Contains(doc, escapes[k.esc]) {
+			held[k.esc] = 2
+		}
+	}
+	return held[k.esc] == 2
 }
 
 // Feed scans p, the next bytes of the body whose headers are h.
@@ -121,9 +170,12 @@ func scanModeOf(h http.Header) scanMode {
 // specification has it) and events (ended by an empty line), keeping only
 // the unfinished line and event. A line whole within p is read in place.
 // A CR that ends p may be the first half of a CRLF: an LF that starts the
-// next write then ends nothing.
+// next write that is not empty then ends nothing.
 func (s *Scanner) feedSSE(p []byte) {
-	if s.cr && len(p) > 0 && p[0] == '\n' {
+	if len(p) == 0 {
+		return // an empty write: a CR before it still waits for its LF
+	}
+	if s.cr && p[0] == '\n' {
 		p = p[1:]
 	}
 	s.cr = false
@@ -139,13 +191,17 @@ func (s *Scanner) feedSSE(p []byte) {
 			s.appendLine(p)
 			return
 		}
-		if len(s.buf) == 0 && !s.skip {
-			s.line(p[:i])
-		} else {
-			s.appendLine(p[:i])
-			s.line(s.buf)
+		l := p[:i]
+		if len(s.buf) != 0 {
+			s.appendLine(l)
+			l = s.buf
 		}
-		s.buf = s.buf[:0]
+		if s.long || len(l) > maxLineScan {
+			s.skip = true // a line too long: its event is skipped
+		} else {
+			s.line(l)
+		}
+		s.buf, s.long = s.buf[:0], false
 		next := i + 1
 		if p[i] == '\r' {
 			switch {
@@ -173,9 +229,12 @@ func after(p []byte, at, next int, c byte) int {
 	return at
 }
 
+// appendLine adds b to the line being read, which is kept only up to
+// maxLineScan bytes: past that, the line is long, and none of it is
+// kept.
 func (s *Scanner) appendLine(b []byte) {
-	if len(s.buf)+len(b) > maxEventScan {
-		s.skip = true
+	if s.long || len(s.buf)+len(b) > maxLineScan {
+		s.buf, s.long = s.buf[:0], true
 		return
 	}
 	s.buf = append(s.buf, b...)
@@ -187,35 +246,45 @@ func (s *Scanner) line(l []byte) {
 		s.event()
 		return
 	}
-	if rest, ok := bytes.CutPrefix(l, []byte("data:")); ok && !s.skip {
+	// A data field: "data:" and its value, or "data" alone (an empty
+	// value), as the SSE specification has it.
+	rest, ok := bytes.CutPrefix(l, []byte("data:"))
+	switch {
+	case s.skip:
+		return
+	case ok:
 		rest = bytes.TrimPrefix(rest, []byte(" "))
-		if len(s.data)+len(rest)+1 > maxEventScan {
-			s.skip = true
-			return
-		}
-		if len(s.data) > 0 {
-			s.data = append(s.data, '\n')
-		}
-		s.data = append(s.data, rest...)
+	case string(l) == "data":
+		rest = nil
+	default:
+		return // another field, or a comment
 	}
+	if len(s.data)+len(rest)+1 > maxEventScan {
+		s.skip = true
+		return
+	}
+	s.data = append(append(s.data, rest...), '\n')
 }
 
-// event handles a complete event: its data is looked into if it may hold
-// a path.
+// event handles a complete event: its data is looked into if it is an
+// object (JSON white space before it, such as the LF of an empty data
+// line, is a parser's white space too) that may hold a path.
 func (s *Scanner) event() {
 	data, skip := s.data, s.skip
 	s.data, s.skip = s.data[:0], false
-	if skip || len(data) == 0 || data[0] != '{' {
+	if i := skipSpace(data, 0); skip || i == len(data) || data[i] != '{' {
 		return
 	}
 	s.lookup(data, true)
 }
 
 // lookup notes the number at each path of the JSON document that holds
-// one; with quick, only for a document that names the path's first key.
+// one; with quick, only for a document that may name the path's first
+// key (mayHold).
 func (s *Scanner) lookup(doc []byte, quick bool) {
+	var held [len(escapes)]int8
 	for i, segs := range s.segs {
-		if quick && !bytes.Contains(doc, s.names[i]) {
+		if quick && !s.mayHold(doc, i, &held) {
 			continue
 		}
 		if n, ok := NumberAt(doc, segs); ok {

@@ -23,21 +23,25 @@ import (
 // brotli's own encoders) against the same body sent uncompressed. Each
 // body is fed in writes of random sizes.
 
-// scanPaths are the paths the generated bodies are scanned for.
-var scanPaths = []string{"a", "a.a", "b.0", "A"}
+// scanPaths are the paths the generated bodies are scanned for: a key
+// most documents have, its other case, and first keys that only an
+// escape spells ("/" as `\/`), or that bytes which are not UTF-8 decode
+// to (U+FFFD).
+var scanPaths = []string{"a", "a.a", "b.0", "A", "/", "\ufffd"}
 
-// modelSSE reads stream as the SSE specification parses it (lines ended
-// by CRLF, LF or CR; an event dispatched by an empty line; a data line's
-// value after "data:" and one space, the values joined by LF), and
-// returns, per path, the number encoding/json reads at it in the last
-// event whose data is an object that names the path's first key, as
-// written ("quoted"). The data of an event that starts with empty data
-// lines starts with line ends, white space to a JSON parser: the
-// scanner drops them, and the model looks past them.
+// modelSSE reads stream as the SSE specification parses it, over the
+// whole stream at once: lines ended by CRLF, LF or CR; a line's field
+// name before its first colon, its value after it and one space; each
+// data field's value followed by LF in the event's data; an event
+// dispatched by an empty line. It returns, per path, the number
+// encoding/json reads at it in the last event whose data is a JSON
+// object (white space before it or not), as written. An event is
+// skipped, as the scanner's bounds have it, when its data is longer than
+// maxEventScan or one of its lines is longer than maxLineScan.
 func modelSSE(stream []byte) map[string]string {
 	found := map[string]string{}
-	var data []string
-	inEvent := false
+	var data []byte
+	long := false
 	for {
 		i := bytes.IndexAny(stream, "\r\n")
 		if i < 0 {
@@ -48,26 +52,24 @@ func modelSSE(stream []byte) map[string]string {
 			i++
 		}
 		stream = stream[i+1:]
-		if line != "" {
-			if v, ok := strings.CutPrefix(line, "data:"); ok {
-				data = append(data, strings.TrimPrefix(v, " "))
-			}
-			inEvent = true
+		if len(line) > maxLineScan {
+			long = true
 			continue
 		}
-		doc := strings.TrimLeft(strings.Join(data, "\n"), "\n")
-		if inEvent && strings.HasPrefix(doc, "{") {
+		if line != "" {
+			if field, value, _ := strings.Cut(line, ":"); field == "data" {
+				data = append(append(data, strings.TrimPrefix(value, " ")...), '\n')
+			}
+			continue
+		}
+		if doc := bytes.TrimLeft(data, " \t\r\n"); !long && len(data) <= maxEventScan && len(doc) > 0 && doc[0] == '{' {
 			for _, p := range scanPaths {
-				segs := strings.Split(p, ".")
-				if !strings.Contains(doc, `"`+segs[0]+`"`) {
-					continue
-				}
-				if n, ok := decodedNumberAt([]byte(doc), segs); ok {
+				if n, ok := decodedNumberAt(data, strings.Split(p, ".")); ok {
 					found[p] = n
 				}
 			}
 		}
-		data, inEvent = nil, false
+		data, long = nil, false
 	}
 }
 
@@ -110,7 +112,9 @@ func sseBody(g *docGen) []byte {
 			case 3:
 				line = append([]byte("data:"), lineDoc(g)...) // no space after the colon
 			case 4:
-				line = []byte("data:  " + `{"a":3}`) // two spaces: the second is data
+				// White space before the document: after the space a
+				// colon may have, or on data lines of its own.
+				line = []byte([...]string{"data:  ", "data:\t", "data: \t ", "data:\ndata: ", "data\ndata:", "data: \ndata:\t", "data: \v", "data:\f"}[g.r.IntN(8)] + `{"a":3}`)
 			case 5:
 				// A document over two data lines.
 				doc := lineDoc(g)

@@ -71,14 +71,20 @@ func TestBodyScannerLineEnds(t *testing.T) {
 // BenchmarkBodyScanner is the scanner alone on 10 MB of OpenAI-style
 // chunks in 32 KiB writes, with each line end the SSE specification
 // allows, and (enc=gzip) the LF stream gzip-compressed, as `encode gzip`
-// sends it: what scanning costs a stream, apart from the network.
+// sends it; and (no_usage) of Anthropic-style chunks, which do not name
+// the path: what scanning costs a stream, apart from the network.
 func BenchmarkBodyScanner(b *testing.B) {
-	for _, c := range []struct{ name, end, enc string }{
-		{"end=lf", "\n", ""}, {"end=crlf", "\r\n", ""}, {"end=cr", "\r", ""}, {"end=lf,enc=gzip", "\n", "gzip"},
+	openai := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 900) + "\"}}],\"usage\":null}"
+	// Anthropic's content_block_delta names no usage, and its text has
+	// escapes (none of them \u).
+	anthropic := `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"` + strings.Repeat(`a \"b\"\n`, 100) + `"}}`
+	for _, c := range []struct{ name, chunk, end, enc string }{
+		{"end=lf", openai, "\n", ""}, {"end=crlf", openai, "\r\n", ""}, {"end=cr", openai, "\r", ""}, {"end=lf,enc=gzip", openai, "\n", "gzip"},
+		{"end=lf,no_usage", anthropic, "\n", ""},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			h := http.Header{"Content-Type": {"text/event-stream"}}
-			chunk := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 900) + "\"}}],\"usage\":null}" + c.end + c.end
+			chunk := c.chunk + c.end + c.end
 			var body strings.Builder
 			for body.Len() < streamSize {
 				body.WriteString(chunk)
