@@ -14,10 +14,11 @@ import (
 // for each family, and that every Decision says exactly what the state then
 // does.
 
-// traces is how many random traces each property runs: fewer with -short
-// or under the race detector (see raceOn).
+// traces is how many random traces each property runs: fewer with -short,
+// under the race detector (see raceOn) or for mutation testing (see
+// mutationOn).
 func traces() int {
-	if testing.Short() || raceOn {
+	if testing.Short() || raceOn || mutationOn {
 		return 30
 	}
 	return 300

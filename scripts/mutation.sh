@@ -19,6 +19,11 @@
 # then the figures with the NOT COVERED mutants run, and every mutant that
 # lived or timed out, as file:line:column and mutator.
 #
+# The tests are built with the tag mutation (gremlins' --tags), so that a
+# package can cut its long runs, which every mutant runs again
+# (algorithms/mutation_on_test.go); packages that do not use the tag run
+# as always.
+#
 # Usage: scripts/mutation.sh <package> [timeout coefficient, default 10]
 #   e.g. scripts/mutation.sh ./internal/bodyscan
 # Run from anywhere; it works from the module root. The JSON report (with
@@ -63,7 +68,7 @@ fi
 start=$(date +%s)
 # Gremlins' own progress, a line a mutant, goes to stderr; the figures
 # to stdout.
-"$gremlins" unleash --timeout-coefficient "$coef" --output "$out" "./$pkg" >&2
+"$gremlins" unleash --tags mutation --timeout-coefficient "$coef" --output "$out" "./$pkg" >&2
 figures() {
 	jq -r --arg what "$1" '
 		def pct(a; b): if b == 0 then "n/a" else "\((a * 10000 / b | round) / 100)%" end;
@@ -104,7 +109,7 @@ try:
             os.makedirs(os.path.join(work, os.path.dirname(f)), exist_ok=True)
             shutil.copy2(f, os.path.join(work, f))
     t0 = time.monotonic()
-    subprocess.run(["go", "test", "-count=1", "./" + pkg], cwd=work, capture_output=True, check=True)
+    subprocess.run(["go", "test", "-tags", "mutation", "-count=1", "./" + pkg], cwd=work, capture_output=True, check=True)
     timeout = coef * (time.monotonic() - t0)
     for name, m in todo:
         path = os.path.join(work, pkg, name)
@@ -121,7 +126,7 @@ try:
         open(path, "wb").write(b"\n".join(lines))
         # In a session of its own, so that a timeout ends the test binary
         # too, not only the go command.
-        p = subprocess.Popen(["go", "test", "-count=1", "-failfast", "./" + pkg], cwd=work,
+        p = subprocess.Popen(["go", "test", "-tags", "mutation", "-count=1", "-failfast", "./" + pkg], cwd=work,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             m["status"] = "KILLED" if p.wait(timeout=timeout) != 0 else "LIVED"
