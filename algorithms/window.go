@@ -1,6 +1,7 @@
 package algorithms
 
 import (
+	"cmp"
 	"math"
 	"math/bits"
 )
@@ -164,44 +165,29 @@ func (l *Limit) weight(prev, toNext int64) int64 {
 		return 0
 	}
 	// The product in 128 bits, divided exactly: one multiplication and
-	// one division, where a decision is within a window (toNext <= W,
-	// so that the quotient, at most prev, fits).
-	if hi, lo := bits.Mul64(uint64(prev), uint64(toNext)); hi < uint64(l.Window) {
-		q, r := bits.Div64(hi, lo, uint64(l.Window))
-		if r != 0 {
-			q++
-		}
-		return int64(q)
+	// one division. A decision is within a window (toNext <= W), so the
+	// quotient is at most prev and fits; hi < W is exactly that it fits
+	// in 64 bits. One that would not (toNext far beyond W: no caller)
+	// weighs more than any limit, rather than have Div64 panic.
+	hi, lo := bits.Mul64(uint64(prev), uint64(toNext))
+	if hi >= uint64(l.Window) {
+		return math.MaxInt64 / 4
 	}
-	// A float estimate, corrected by exact comparisons (the Lua twin
-	// corrects its own estimate the same way, so every path ends on the
-	// one exact answer).
-	q := int64(math.Ceil(float64(prev) * float64(toNext) / float64(l.Window)))
-	for q > 0 && mulCmp(q-1, l.Window, prev, toNext) >= 0 {
-		q--
-	}
-	for mulCmp(q, l.Window, prev, toNext) < 0 {
+	q, r := bits.Div64(hi, lo, uint64(l.Window))
+	if r != 0 {
 		q++
 	}
-	return q
+	return int64(min(q, math.MaxInt64/4))
 }
 
 // mulCmp compares a*b with c*d, for non-negative arguments, exactly.
 func mulCmp(a, b, c, d int64) int {
 	h1, l1 := bits.Mul64(uint64(a), uint64(b))
 	h2, l2 := bits.Mul64(uint64(c), uint64(d))
-	switch {
-	case h1 != h2:
-		if h1 < h2 {
-			return -1
-		}
-		return 1
-	case l1 < l2:
-		return -1
-	case l1 > l2:
-		return 1
+	if h1 != h2 {
+		return cmp.Compare(h1, h2)
 	}
-	return 0
+	return cmp.Compare(l1, l2)
 }
 
 // slidingWait is the µs until a rejected request of cost fits: until the

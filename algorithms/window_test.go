@@ -1,6 +1,7 @@
 package algorithms
 
 import (
+	"math"
 	"math/big"
 	"math/rand/v2"
 	"testing"
@@ -122,8 +123,10 @@ func TestSlidingLogWithoutRing(t *testing.T) {
 
 // TestWeightExact: a sliding_window's weight is ceil(prev * toNext / W)
 // exactly, computed in big integers here, for counts and windows from 1
-// to their bounds and toNext within the window and beyond it (a
-// seeded state's), on both of weight's paths.
+// to their bounds and toNext within the window; beyond it (no decision
+// asks that), the same, up to a quotient of MaxInt64/4, where it stops
+// (above every limit, and no sum of it overflows), also where the product
+// passes W * 2^64 (the quotient passes 64 bits) and at exactly W * 2^64.
 func TestWeightExact(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 7))
 	edge := func(hi int64) int64 {
@@ -139,13 +142,25 @@ func TestWeightExact(t *testing.T) {
 		w := edge(MaxSpan)
 		l := Limit{Kind: SlidingWindow, Events: 1, Window: w}
 		prev, toNext := edge(MaxEvents*Milli), edge(w)
-		if i%10 == 0 {
-			toNext = edge(4 * w) // beyond the window: the float path
+		switch i % 10 {
+		case 0:
+			toNext = edge(4 * w) // beyond the window
+		case 1:
+			w = edge(1 << 31)
+			l.Window = w
+			prev, toNext = edge(math.MaxInt64), edge(math.MaxInt64)
+		case 2: // the product exactly W * 2^64: the quotient 2^64
+			w = edge(1 << 30)
+			l.Window = w
+			prev, toNext = w<<32, 1<<32
 		}
 		want := new(big.Int).Mul(big.NewInt(prev), big.NewInt(toNext))
 		want.Add(want, big.NewInt(w-1))
 		want.Quo(want, big.NewInt(w))
-		if got := l.weight(prev, toNext); !want.IsInt64() || got != want.Int64() {
+		if want.Cmp(big.NewInt(math.MaxInt64/4)) > 0 {
+			want.SetInt64(math.MaxInt64 / 4)
+		}
+		if got := l.weight(prev, toNext); got != want.Int64() {
 			t.Fatalf("weight(%d, %d) in a window of %d = %d, want %s", prev, toNext, w, got, want)
 		}
 	}
