@@ -207,6 +207,53 @@ func TestCalendarSpan(t *testing.T) {
 	}
 }
 
+// TestCalendarSpanEdges: TakeIn at the edges of the state's window and
+// of the span given: a span's first µs and its second period's first µs
+// are its own, its end and the state's window end are not.
+func TestCalendarSpanEdges(t *testing.T) {
+	cal := Calendar{Day, 1, time.UTC}
+	l, err := NewCalendarLimit(2, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const day = 86400e6
+	d0 := micros(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	d1, d2, d3 := d0+day, d0+2*day, d0+3*day
+	sp1 := cal.Span(d1) // [d1, d2) and [d2, d3)
+	for _, c := range []struct {
+		name      string
+		state     int64 // a take at this time first, if not 0
+		sp        Span
+		now       int64
+		outside   bool
+		at, reset int64 // the window counted in, and Reset
+	}{
+		{"the state's window end, the span after it", d0 + 5, cal.Span(d2), d1, true, 0, 0},
+		{"the span's first µs", 0, sp1, d1, false, d1, day},
+		{"the span's second period's first µs", 0, sp1, d2, false, d2, day},
+		{"the span's last µs", 0, sp1, d3 - 1, false, d2, 1},
+		{"the span's end", 0, sp1, d3, true, 0, 0},
+		{"within the state's window, the span after it", d0 + 5, cal.Span(d2), d1 - 1, false, d0, 1},
+	} {
+		var s State
+		if c.state != 0 {
+			if _, err := l.TakeIn(&s, cal.Span(c.state), c.state, Milli); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := l.TakeIn(&s, c.sp, c.now, Milli)
+		if c.outside {
+			if !errors.Is(err, ErrOutsideSpan) {
+				t.Errorf("%s: TakeIn = %+v, %v, want ErrOutsideSpan", c.name, d, err)
+			}
+			continue
+		}
+		if err != nil || !d.Allowed || s.At != c.at || d.Reset != c.reset {
+			t.Errorf("%s: TakeIn = %+v, %v, counted in the window from %d; want admitted in the window from %d, Reset %d", c.name, d, err, s.At, c.at, c.reset)
+		}
+	}
+}
+
 // TestGrant: a grant adds to the window it is given in, adds up, and ends
 // with the window, for fixed_window (epoch and calendar); the other
 // algorithms refuse it.
