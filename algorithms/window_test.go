@@ -165,3 +165,65 @@ func TestWeightExact(t *testing.T) {
 		}
 	}
 }
+
+// TestCalendarUndo: a calendar window's undo gives back to the state's
+// window a request charged in it, from its first µs on, and nothing for
+// a decision made at or after the window's end (a later window's).
+func TestCalendarUndo(t *testing.T) {
+	cal := Calendar{Day, 1, time.UTC}
+	l, err := NewCalendarLimit(2, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d0 := micros(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	d1 := d0 + 86400e6
+	var s State
+	first := l.Take(&s, d0, Milli) // the window's first µs
+	if second := l.Take(&s, d0+5, Milli); !first.Allowed || !second.Allowed {
+		t.Fatalf("takes: %+v, %+v", first, second)
+	}
+	// A decision of the next window: not charged here.
+	l.Undo(&s, d1-2, Milli, Decision{Allowed: true, At: d1})
+	if d := l.Peek(&s, d1-2, Milli); d.Allowed {
+		t.Fatalf("after the undo of the next window's request: %+v, want the window still full", d)
+	}
+	l.Undo(&s, d1-2, Milli, first)
+	if d := l.Peek(&s, d1-2, Milli); !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("after the undo of the first request: %+v, want one event admitted", d)
+	}
+}
+
+// TestSlidingUndoPrevious: an undo of a request charged in the previous
+// window gives it back to that window's count, and to what the state
+// keeps of that window's charges (Head, see State), which a seed reads.
+func TestSlidingUndoPrevious(t *testing.T) {
+	l := mustLimit(t, SlidingWindow, 4, time.Second, 0, 0)
+	w0 := t0 - t0%l.Window
+	var s State
+	taken := l.Take(&s, w0+10, 3*Milli)
+	l.Undo(&s, w0+sec+10, Milli, taken)
+	if s.Prev != 2*Milli || s.Head != 2*Milli {
+		t.Fatalf("after an undo of 1 of the previous window's 3: Prev %d, Head %d, want both %d", s.Prev, s.Head, 2*Milli)
+	}
+}
+
+// TestSlidingLogGrantEndsBeforeWait: a sliding_log whose log is full with
+// its grant, asked for one more: the oldest entry leaves the window just
+// as the grant ends, and the log must then hold at most N, so the wait
+// is until the next entry leaves, not the first.
+func TestSlidingLogGrantEndsBeforeWait(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 1, 10*time.Second, 0, 0)
+	var s State
+	if _, err := l.Grant(&s, t0, Milli); err != nil { // until t0 + 10 s
+		t.Fatal(err)
+	}
+	for _, at := range []int64{t0, t0 + 5*sec} {
+		if d := l.Take(&s, at, Milli); !d.Allowed {
+			t.Fatalf("take at t0+%dµs: %+v", at-t0, d)
+		}
+	}
+	d := l.Take(&s, t0+6*sec, Milli)
+	if d.Allowed || d.Wait != 9*sec {
+		t.Fatalf("a third: %+v, want refused with Wait 9s (until the second entry leaves at t0+15s)", d)
+	}
+}
