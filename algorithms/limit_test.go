@@ -261,8 +261,11 @@ func TestParseKind(t *testing.T) {
 			t.Errorf("ParseKind(%q) = %v, nil, want an error", name, got)
 		}
 	}
-	if got, want := Kind(9).String(), "Kind(9)"; got != want {
-		t.Errorf("Kind(9).String() = %q, want %q", got, want)
+	// The first kind past the names, and one further.
+	for _, k := range []Kind{Ban + 1, 9} {
+		if got, want := k.String(), fmt.Sprintf("Kind(%d)", k); got != want {
+			t.Errorf("Kind(%d).String() = %q, want %q", k, got, want)
+		}
 	}
 }
 

@@ -16,9 +16,7 @@ import (
 // (possibly adjusted) now. The clock running backwards counts as no time
 // elapsed: now never goes before the stored window start.
 func (l *Limit) roll(s *State, now int64) int64 {
-	if now < s.At {
-		now = s.At
-	}
+	now = max(now, s.At)
 	start := now - now%l.Window
 	if start > s.At {
 		if start-s.At == l.Window {
@@ -276,14 +274,12 @@ func (l *Limit) slidingLog(s *State, now, cost int64, commit bool) Decision {
 			At:        now,
 		}
 	}
-	if commit && k > 0 {
+	if commit {
 		s.resize(s.Level+k, n+g)
 		for i := int64(0); i < k; i++ {
 			s.Log[(s.Head+s.Level)%int64(len(s.Log))] = now
 			s.Level++
 		}
-	} else if commit {
-		s.resize(s.Level, n+g)
 	}
 	return Decision{Allowed: true, Remaining: n + g - s.Level, Reset: l.logReset(s, now), At: now}
 }
@@ -296,9 +292,7 @@ func (l *Limit) slidingLog(s *State, now, cost int64, commit bool) Decision {
 // leaves the window, so that a later grant admits only what it grants.
 func (l *Limit) logNow(s *State, now int64) int64 {
 	if s.Level > 0 {
-		if newest := s.entry(s.Level - 1); now < newest {
-			now = newest // the clock ran backwards: no time has elapsed
-		}
+		now = max(now, s.entry(s.Level-1)) // a clock that ran backwards: no time has elapsed
 	}
 	for s.Level > 0 && s.Log[s.Head] <= now-l.Window {
 		s.Head = (s.Head + 1) % int64(len(s.Log))
