@@ -1,6 +1,7 @@
 package algorithms
 
 import (
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -91,6 +92,53 @@ func TestNewAdaptiveErrors(t *testing.T) {
 				t.Errorf("NewAdaptive(%+v) = %v, want an error containing %q", tc.c, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestNewAdaptiveEdges: each bound of NewAdaptive at its edge is
+// accepted, and just past it refused with the whole error.
+func TestNewAdaptiveEdges(t *testing.T) {
+	for _, c := range []AdaptiveConfig{
+		{Floor: MaxEvents, Ceiling: MaxEvents},
+		{Floor: 5, Ceiling: 5},
+		{Floor: 3, Initial: 3},
+		{Ceiling: 10, Initial: 10},
+		{Window: 1},
+		{Window: MaxSpan / adaptiveStale},
+		{MinSamples: 1},
+		{MinSamples: math.MaxUint32},
+		{Percentile: 1e-9},
+		{Percentile: 0.999},
+		{Tolerance: 1},
+		{Tolerance: 100},
+		{Smoothing: 1e-9},
+		{Smoothing: 1},
+		{Epoch: 4},
+		{Epoch: 1 << 20},
+	} {
+		if _, err := NewAdaptive(c); err != nil {
+			t.Errorf("NewAdaptive(%+v): %v, want accepted", c, err)
+		}
+	}
+	for _, tc := range []struct {
+		c    AdaptiveConfig
+		want string
+	}{
+		{AdaptiveConfig{Floor: MaxEvents + 1}, "min: must be in [1, 1099511627776], got 1099511627777"},
+		{AdaptiveConfig{Ceiling: MaxEvents + 1}, "max: must be in [min (1), 1099511627776], got 1099511627777"},
+		{AdaptiveConfig{Floor: 5, Ceiling: 4}, "max: must be in [min (5), 1099511627776], got 4"},
+		{AdaptiveConfig{Floor: 3, Initial: 2}, "initial: must be in [min (3), max (1000)], got 2"},
+		{AdaptiveConfig{Window: MaxSpan/adaptiveStale + 1}, "window: must be in [1µs, 31274h59m50.684262s], got 31274h59m50.684263s"},
+		{AdaptiveConfig{MinSamples: math.MaxUint32 + 1}, "min_samples: must be in [1, 4294967295], got 4294967296"},
+		{AdaptiveConfig{Percentile: -1e-9}, "percentile: must be in (0, 1), got -1e-09"},
+		{AdaptiveConfig{Tolerance: 100.5}, "tolerance: must be in [1, 100], got 100.5"},
+		{AdaptiveConfig{Smoothing: -0.1}, "smoothing: must be in (0, 1], got -0.1"},
+		{AdaptiveConfig{Epoch: 3}, "epoch: must be in [4, 1048576] windows, got 3"},
+		{AdaptiveConfig{Epoch: 1<<20 + 1}, "epoch: must be in [4, 1048576] windows, got 1048577"},
+	} {
+		if _, err := NewAdaptive(tc.c); err == nil || err.Error() != tc.want {
+			t.Errorf("NewAdaptive(%+v) = %v, want %q", tc.c, err, tc.want)
+		}
 	}
 }
 
