@@ -3,6 +3,7 @@ package algorithms
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -490,5 +491,150 @@ func TestAdaptiveBaselineOfPooledWindows(t *testing.T) {
 	}
 	if s.Baseline > 7*ms {
 		t.Errorf("after 100 samples pooled at 6 ms: baseline %d µs, want it lowered to about 6 ms", s.Baseline)
+	}
+}
+
+// TestAdaptiveBuckets: the histogram's buckets, walked one round trip at
+// a time up to 2^16 µs and around every power of two above: each round
+// trip below 16 µs is its own bucket; above, a bucket follows the one
+// before without a gap, is at most 1/8 of its least round trip wide, and
+// its middle (bucketMid) is its least round trip plus half its width.
+func TestAdaptiveBuckets(t *testing.T) {
+	var rtts []int64
+	for v := int64(1); v <= 1<<16; v++ {
+		rtts = append(rtts, v)
+	}
+	for e := 17; e <= 40; e++ {
+		for d := int64(-300); d <= 300; d++ {
+			rtts = append(rtts, int64(1)<<e+d)
+		}
+	}
+	lo := map[int]int64{} // each bucket's least round trip seen
+	hi := map[int]int64{} // and its most
+	prev := 0
+	for i, v := range rtts {
+		b := rttBucket(v)
+		if v < 16 && b != int(v) {
+			t.Fatalf("rttBucket(%d) = %d, want %d", v, b, v)
+		}
+		if i > 0 && rtts[i-1] == v-1 && b != prev && b != prev+1 {
+			t.Fatalf("rttBucket(%d) = %d after %d for %d: want the same bucket or the next", v, b, prev, v-1)
+		}
+		if _, ok := lo[b]; !ok {
+			lo[b] = v
+		}
+		hi[b] = v
+		prev = b
+	}
+	for b, l := range lo {
+		h := hi[b]
+		if l < 16 {
+			if bucketMid(b) != l {
+				t.Errorf("bucketMid(%d) = %d, want %d", b, bucketMid(b), l)
+			}
+			continue
+		}
+		// Buckets seen whole: those whose neighbours were seen too.
+		if _, ok := lo[b-1]; !ok || hi[b-1] != l-1 {
+			continue
+		}
+		if _, ok := lo[b+1]; !ok || lo[b+1] != h+1 {
+			continue
+		}
+		width := h - l + 1
+		if width*8 > l {
+			t.Errorf("bucket %d holds [%d, %d]: wider than 1/8 of %d", b, l, h, l)
+		}
+		if got, want := bucketMid(b), l+width/2; got != want {
+			t.Errorf("bucketMid(%d) = %d, want %d, the middle of [%d, %d]", b, got, want, l, h)
+		}
+	}
+	if b := rttBucket(0); b != 1 {
+		t.Errorf("rttBucket(0) = %d, want 1 (a round trip is at least 1 µs)", b)
+	}
+}
+
+// TestAdaptivePercentileModel: a window's recent is the bucket middle of
+// the sample of rank ceil(p * n) in the sorted samples (a plain model),
+// for random samples, percentiles and counts.
+func TestAdaptivePercentileModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 2))
+	for range 2000 {
+		c := mustAdaptive(t, AdaptiveConfig{Percentile: []float64{0.5, 0.9, 0.99, rng.Float64()*0.98 + 0.01}[rng.IntN(4)]})
+		s := c.NewState(t0, 1)
+		n := 1 + rng.IntN(60)
+		samples := make([]int64, n)
+		for i := range samples {
+			samples[i] = 1 + rng.Int64N([]int64{20, 1000, 1 << 30}[rng.IntN(3)])
+			s.hist[rttBucket(samples[i])]++
+		}
+		slices.Sort(samples)
+		rank := int(math.Ceil(c.Percentile * float64(n)))
+		if got, want := c.percentile(&s, int64(n)), bucketMid(rttBucket(samples[rank-1])); got != want {
+			t.Fatalf("percentile %g of %v = %d, want %d", c.Percentile, samples, got, want)
+		}
+	}
+	// More asked than the histogram holds: its last bucket.
+	c := mustAdaptive(t, AdaptiveConfig{})
+	s := c.NewState(t0, 1)
+	if got, want := c.percentile(&s, 5), bucketMid(rttBuckets-1); got != want {
+		t.Errorf("percentile of an empty histogram = %d, want the last bucket's %d", got, want)
+	}
+}
+
+// TestAdaptiveEpochLength: an epoch is Epoch windows give or take a
+// quarter (Epoch/4 rounded down), every length of that range drawn.
+func TestAdaptiveEpochLength(t *testing.T) {
+	for _, epoch := range []int64{4, 5, 7, 30, 101} {
+		c := mustAdaptive(t, AdaptiveConfig{Epoch: epoch})
+		s := c.NewState(t0, 12345)
+		seen := map[int64]bool{}
+		for range 5000 {
+			n := c.epochLength(&s)
+			if n < epoch-epoch/4 || n > epoch+epoch/4 {
+				t.Fatalf("epoch %d: a length of %d, want within [%d, %d]", epoch, n, epoch-epoch/4, epoch+epoch/4)
+			}
+			seen[n] = true
+		}
+		if want := 2*(epoch/4) + 1; int64(len(seen)) != want {
+			t.Errorf("epoch %d: %d lengths drawn, want all %d", epoch, len(seen), want)
+		}
+	}
+}
+
+// TestAdaptivePool: the pool returns 0 until its windows hold
+// adaptivePoolSamples samples or adaptivePool windows, then their median
+// recent, and starts empty again.
+func TestAdaptivePool(t *testing.T) {
+	var s AdaptiveState
+	steps := []struct{ recent, n, want int64 }{
+		{50, 40, 0},
+		{30, 59, 0},
+		{40, 1, 40}, // 100 samples: the median of 50, 30, 40
+		{70, 99, 0}, // empty again
+		{10, 1, 70}, // 100 samples: of 70 and 10, the upper middle
+		{5, 1, 0}, {6, 1, 0}, {7, 1, 0}, {8, 1, 0},
+		{9, 1, 7}, // 5 windows
+	}
+	for i, st := range steps {
+		if got := s.pool(st.recent, st.n); got != st.want {
+			t.Fatalf("step %d: pool(%d, %d) = %d, want %d", i, st.recent, st.n, got, st.want)
+		}
+	}
+}
+
+// TestAdaptiveNewEpoch: an epoch's end sets the baseline to its least
+// candidate, and keeps the baseline when the epoch had none.
+func TestAdaptiveNewEpoch(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{})
+	s := c.NewState(t0, 1)
+	s.Baseline, s.epochLo = 100, 80
+	c.newEpoch(&s)
+	if s.Baseline != 80 || s.epochLo != 0 {
+		t.Fatalf("after an epoch of least candidate 80: baseline %d, epoch's least %d; want 80 and 0", s.Baseline, s.epochLo)
+	}
+	c.newEpoch(&s)
+	if s.Baseline != 80 {
+		t.Fatalf("after an epoch without candidates: baseline %d, want 80 kept", s.Baseline)
 	}
 }
