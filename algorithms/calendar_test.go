@@ -80,6 +80,29 @@ func TestCalendarPeriods(t *testing.T) {
 	}
 }
 
+// TestCalendarStrings: a calendar window's String and Nominal, and the
+// empty string and 0 for no calendar or a unit past the known ones.
+func TestCalendarStrings(t *testing.T) {
+	for _, c := range []struct {
+		cal     Calendar
+		str     string
+		nominal time.Duration
+	}{
+		{Calendar{Day, 1, nil}, "1d", 24 * time.Hour},
+		{Calendar{Week, 2, nil}, "2w", 14 * 24 * time.Hour},
+		{Calendar{Month, 3, nil}, "3mo", 90 * 24 * time.Hour},
+		{Calendar{}, "", 0},
+		{Calendar{Month + 1, 1, nil}, "", 0},
+	} {
+		if got := c.cal.String(); got != c.str {
+			t.Errorf("%+v.String() = %q, want %q", c.cal, got, c.str)
+		}
+		if got := c.cal.Nominal(); got != c.nominal {
+			t.Errorf("%+v.Nominal() = %s, want %s", c.cal, got, c.nominal)
+		}
+	}
+}
+
 // TestCalendarDSTDays: the days of a DST change are whole days of 23 and
 // 25 hours, and February is 28 or 29 days.
 func TestCalendarDSTDays(t *testing.T) {
