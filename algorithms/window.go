@@ -356,15 +356,13 @@ func (l *Limit) slidingLogUndo(s *State, now, cost int64, taken Decision) {
 	c := int64(len(s.Log))
 	// Entries only grow along the ring: find the run at taken.At and close
 	// the gap by moving the newer entries down.
-	first := int64(-1)
+	// Not found, first is Level: the run is empty and nothing moves.
+	first := s.Level
 	for i := int64(0); i < s.Level; i++ {
 		if s.entry(i) == taken.At {
 			first = i
 			break
 		}
-	}
-	if first < 0 {
-		return
 	}
 	run := int64(0)
 	for first+run < s.Level && run < k && s.entry(first+run) == taken.At {

@@ -227,3 +227,78 @@ func TestSlidingLogGrantEndsBeforeWait(t *testing.T) {
 		t.Fatalf("a third: %+v, want refused with Wait 9s (until the second entry leaves at t0+15s)", d)
 	}
 }
+
+// TestSlidingLogRing: the ring's size step by step: none for a fresh
+// key, 4 for the first entries, doubled when a request finds it full
+// (not before: 4 entries fit in 4), up to N; halved when at most a
+// quarter of it is in use (a quarter exactly too), not below 4.
+func TestSlidingLogRing(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 100, time.Minute, 0, 0)
+	var s State
+	for k := int64(1); k <= 100; k++ {
+		l.Take(&s, t0+k, Milli)
+		want := int64(minLog)
+		for want < k {
+			want *= 2
+		}
+		want = min(want, 100)
+		if int64(len(s.Log)) != want {
+			t.Fatalf("after %d entries a ring of %d, want %d", k, len(s.Log), want)
+		}
+	}
+	// 16 entries in a ring of 16 (from scratch), then 12 expire: 4 in
+	// use, a quarter, halves it to 8 at the next commit (of no cost).
+	var q State
+	for k := int64(0); k < 12; k++ {
+		l.Take(&q, t0+k, Milli)
+	}
+	for k := int64(0); k < 4; k++ {
+		l.Take(&q, t0+30*sec+k, Milli)
+	}
+	if len(q.Log) != 16 {
+		t.Fatalf("16 entries in a ring of %d, want 16", len(q.Log))
+	}
+	l.Take(&q, t0+60*sec+12, 0)
+	if q.Level != 4 || len(q.Log) != 8 {
+		t.Fatalf("4 entries left: %d in a ring of %d, want 4 in 8", q.Level, len(q.Log))
+	}
+	// 4 in a ring of 4 stays 4, and an empty ring of 4 too.
+	var f State
+	for k := int64(0); k < 4; k++ {
+		l.Take(&f, t0+k, Milli)
+	}
+	l.Take(&f, t0+2*time.Minute.Microseconds(), 0)
+	if f.Level != 0 || len(f.Log) != minLog {
+		t.Fatalf("all expired: %d entries in a ring of %d, want 0 in %d", f.Level, len(f.Log), minLog)
+	}
+}
+
+// TestSlidingLogEmptyGrant: a grant of nothing to a sliding_log leaves a
+// fresh key fresh (Reset 0), and its window end unread.
+func TestSlidingLogEmptyGrant(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 3, time.Minute, 0, 0)
+	var s State
+	if _, err := l.Grant(&s, t0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Peek(&s, t0, Milli); !d.Allowed || d.Reset != 0 || d.Remaining != 3 {
+		t.Fatalf("after a grant of nothing: %+v, want admitted, Reset 0, Remaining 3", d)
+	}
+}
+
+// TestCalendarUndoAtEnd: an undo at the window's end gives nothing back:
+// the window no longer counts, even for a clock that then runs back.
+func TestCalendarUndoAtEnd(t *testing.T) {
+	l, err := NewCalendarLimit(1, Calendar{Day, 1, time.UTC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d0 := micros(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	d1 := d0 + 86400e6
+	var s State
+	taken := l.Take(&s, d0+5, Milli)
+	l.Undo(&s, d1, Milli, taken)
+	if d := l.Peek(&s, d1-1, Milli); d.Allowed {
+		t.Fatalf("after an undo at the window's end, a request a µs before it: %+v, want refused", d)
+	}
+}
