@@ -2,6 +2,7 @@ package algorithms
 
 import (
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -570,6 +571,56 @@ func TestSeedFollowsGrant(t *testing.T) {
 			if got > want || got < want {
 				t.Errorf("%s %+v: the copy admits %d on its own, the shared state %d", kind, c, got, want)
 			}
+		}
+	}
+}
+
+// TestSeedFresh: a decision of a fresh bucket (Reset 0) seeded into a
+// fresh copy leaves it deciding as a fresh state, at a µs tick and at a
+// fine one (999999/s: ticks of 1/1024 µs).
+func TestSeedFresh(t *testing.T) {
+	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket} {
+		for _, events := range []int64{10, 999_999} {
+			l := mustLimit(t, kind, events, time.Second, 0, 0)
+			var shared, fresh, local State
+			d := l.Peek(&shared, t0, 0)
+			l.Seed(&local, d, 0, false)
+			for i, cost := range []int64{l.Capacity(), Milli} {
+				if got, want := l.Take(&local, t0, cost), l.Take(&fresh, t0, cost); got != want {
+					t.Fatalf("%s: step %d: the seeded copy decides %+v, a fresh state %+v", describe(&l), i, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestPrevFor: prevFor is the largest count, at most the limit, whose
+// weight toNext µs before the window's end is at most left: floor(left *
+// W / toNext), computed in big integers here, for counts and windows up
+// to their bounds, quotients past 64 bits among them.
+func TestPrevFor(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 5))
+	for i := 0; i < 100_000; i++ {
+		w := 1 + rng.Int64N(MaxSpan)
+		n := 1 + rng.Int64N(min(w, MaxEvents))
+		l := Limit{Kind: SlidingWindow, Events: n, Window: w}
+		left, toNext := rng.Int64N(n*Milli+1)-1, 1+rng.Int64N(w)
+		switch i % 4 {
+		case 0:
+			toNext = 1 + rng.Int64N(3)
+		case 1: // left * W exactly toNext * 2^64
+			l.Window, l.Events, toNext, left = 1<<32, 1<<32, 1, 1<<32
+		}
+		want := new(big.Int)
+		if left > 0 {
+			want.Mul(big.NewInt(left), big.NewInt(l.Window))
+			want.Quo(want, big.NewInt(toNext))
+		}
+		if lim := big.NewInt(l.Events * Milli); want.Cmp(lim) > 0 {
+			want = lim
+		}
+		if got := l.prevFor(left, toNext); got != want.Int64() {
+			t.Fatalf("prevFor(%d, %d) in %d per %d µs = %d, want %s", left, toNext, l.Events, l.Window, got, want)
 		}
 	}
 }
