@@ -1,0 +1,61 @@
+package algorithms
+
+// Mutants no test can kill (scripts/mutation.sh ./algorithms lists them
+// as LIVED): each changes no decision, for the reason given. Lines as of
+// the commit that wrote this note; the mutation is gremlins'.
+//
+//   - window.go:162 `prev <= 0` to `prev < 0`, and `toNext <= 0` to
+//     `toNext < 0`: at 0 the product is 0, and the division gives 0.
+//   - window.go:196 `room >= 0` to `room > 0`: at room 0 the next
+//     window's branch waits W - e plus decayed(limit - cost, limit - cost,
+//     0) = 0, as decayed(prev, 0, e+1) - e does (the weight is 0 only at
+//     the window's end).
+//   - window.go:199 `e+1` to `e-1`: the request was refused at e, so it
+//     does not fit at e or before (the weight never grows with e'); the
+//     search from e-1 ends where the search from e+1 does.
+//   - window.go:244 `s.Head > 0` to `>= 0`: at 0, max(0, 0 - cost) is 0.
+//   - window.go:266 `g > 0` to `g >= 0`: with no whole event granted,
+//     now + wait is the entry's end, and max(s.At, the same entry's end)
+//     is that end whenever now + wait >= s.At.
+//   - window.go:301 `s.Prev > 0` to `>= 0`: with Prev 0 the grant's end
+//     At is read nowhere (every reader asks Prev > 0 first), so zeroing
+//     it changes nothing.
+//   - window.go:337 `c > minLog` to `c >= minLog`: a ring of minLog
+//     halves to max(minLog, c/2) = minLog, itself.
+//   - limit.go:187 `scale < MaxScale` to `<=`: w/events >= 1, so at
+//     scale 1024 w*scale/events >= 1024 >= precision and the loop has
+//     stopped on its first condition.
+//   - limit.go:197 `unit/scale` to `unit*scale`: a burst's refill passes
+//     MaxSpan only at scale 1 (at a finer tick Unit is under 2001 ticks
+//     and Burst at most 2^40: Tau under 2^51 <= MaxSpan * Scale), where
+//     both are unit.
+//   - bucket.go:85 `elapsed >= l.micros(inc)` to `>`: at elapsed ==
+//     micros(inc), ticks(elapsed) >= inc and the charge gives back
+//     max(0, inc - ticks(elapsed)) = 0 either way.
+//   - calendar.go:142 `now < p.Start` to `<=`: at now == p.Start the loop
+//     steps back a window and the next loop steps forward to the same.
+//   - calendar.go:148 `i + c.Count` to `i - c.Count`: the loop runs only
+//     for a midnight time.Date placed in the day before (one window back
+//     at most), and the wrong end makes it step on: after three steps it
+//     holds the same period.
+//   - calendar.go:185 Month's `28*24 - 1` to `28*24 + 1` (and `-1` to
+//     `+1`): a month of 671 hours holds 2.4e12 µs, more than MaxEvents,
+//     which NewLimit refuses first: the events bound never decides.
+//   - seed.go:45 `n.Level > s.Level` to `>=`: equal, the copy is set to
+//     what it holds.
+//   - seed.go:149 `d.Reset <= 0` to `< 0`: a sliding_window decision of
+//     Reset 0 tells both windows empty: seedUsed is 0 and the merge
+//     keeps s as it is.
+//   - seed.go:167 `left <= 0` to `left < 0`: at 0 the quotient is 0.
+//   - seed.go:189 `s.Prev > 0` to `>= 0`: with Prev 0, n grows by 0.
+//   - seed.go:200 `s.entry(pos-1) > d.At` to `>=`: entries of one time
+//     are interchangeable; d.At goes before or after its equals.
+//   - adaptive.go:214 `c.Percentile > 0` to `>= 0`, and :218
+//     `c.Smoothing > 0` to `>= 0`: 0 is the default's (NewAdaptive
+//     fills it in before the checks), never checked.
+//
+// Mutants that make a test hang (a loop that no longer ends or advances:
+// roll's window start, decayed's search, slidingLog's and
+// slidingLogUndo's loops, floorDiv, the calendar's starts and index
+// offsets that put a period decades away) are TIMED OUT: the test does
+// not pass, and the mutant counts neither killed nor lived.
