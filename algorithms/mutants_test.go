@@ -50,6 +50,8 @@ package algorithms
 //   - seed.go:189 `s.Prev > 0` to `>= 0`: with Prev 0, n grows by 0.
 //   - seed.go:200 `s.entry(pos-1) > d.At` to `>=`: entries of one time
 //     are interchangeable; d.At goes before or after its equals.
+//   - lease.go:115 `want <= 0` to `want < 0`: LeaseSize(0, room) is 0,
+//     below MinQuotaLease: no lease either way.
 //   - adaptive.go:214 `c.Percentile > 0` to `>= 0`, and :218
 //     `c.Smoothing > 0` to `>= 0`: 0 is the default's (NewAdaptive
 //     fills it in before the checks), never checked.
