@@ -638,3 +638,43 @@ func TestAdaptiveNewEpoch(t *testing.T) {
 		t.Fatalf("after an epoch without candidates: baseline %d, want 80 kept", s.Baseline)
 	}
 }
+
+// TestAdaptiveWindowCounts: Windows counts the windows closed; a window's
+// recent is the percentile of its OK round trips alone (its drops count
+// in its samples, not its round trips); a window of drops alone leaves
+// recent as it was; an end with nothing in flight leaves none in flight.
+func TestAdaptiveWindowCounts(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 100, Ceiling: 100})
+	s := c.NewState(t0, 1)
+	now := window(&c, &s, t0, 50, 100, 10*ms, OK)
+	now = window(&c, &s, now, 50, 100, 10*ms, OK)
+	if s.Windows != 2 {
+		t.Fatalf("after 2 windows: Windows %d", s.Windows)
+	}
+	// 100 OK round trips of 20 ms and 3 drops (under the drop share),
+	// the drops ending first.
+	for i := range 103 {
+		c.Admit(&s)
+		o := OK
+		if i < 3 {
+			o = Drop
+		}
+		c.End(&s, now+c.Window*int64(i+1)/103, 20*ms, o)
+	}
+	now += c.Window
+	if want := bucketMid(rttBucket(20 * ms)); s.Windows != 3 || s.Recent != want {
+		t.Fatalf("a window of 100 OK and 3 drops: Windows %d, recent %d; want 3 and %d", s.Windows, s.Recent, want)
+	}
+	before := s.Recent
+	window(&c, &s, now, 50, 100, 10*ms, Drop)
+	if s.Windows != 4 || s.Recent != before {
+		t.Fatalf("a window of drops alone: Windows %d, recent %d; want 4 and %d kept", s.Windows, s.Recent, before)
+	}
+	for s.InFlight > 0 {
+		c.End(&s, now, 10*ms, Cancelled)
+	}
+	c.End(&s, now, 10*ms, Cancelled)
+	if s.InFlight != 0 {
+		t.Fatalf("an end with nothing in flight: %d in flight, want 0", s.InFlight)
+	}
+}
