@@ -678,3 +678,36 @@ func TestAdaptiveWindowCounts(t *testing.T) {
 		t.Fatalf("an end with nothing in flight: %d in flight, want 0", s.InFlight)
 	}
 }
+
+// TestAdaptiveHalfUsed: a window that used exactly half the limit is
+// not app-limited: in slow start it doubles the limit, past it the limit
+// grows (by a fifth of half the limit, recent being the baseline).
+func TestAdaptiveHalfUsed(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 20})
+	s := c.NewState(t0, 1)
+	window(&c, &s, t0, 10, 100, 10*ms, OK)
+	if s.Limit != 40 {
+		t.Errorf("slow start, half the limit used: limit %v, want 40", s.Limit)
+	}
+	p := pastSlowStart(c.NewState(t0, 1))
+	window(&c, &p, t0, 10, 100, 10*ms, OK)
+	if p.Limit != 22 {
+		t.Errorf("past slow start, half the limit used: limit %v, want 22", p.Limit)
+	}
+}
+
+// TestAdaptiveNoQueueStep: recent within half the tolerance of the
+// baseline, at its edge exactly (10 µs against 8 µs with a tolerance of
+// 1.5), still grows the limit by the larger step, half the limit.
+func TestAdaptiveNoQueueStep(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 20, Tolerance: 1.5})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := window(&c, &s, t0, 20, 100, 8, OK)
+	if s.Baseline != 8 || s.Limit != 22 {
+		t.Fatalf("first window: baseline %d, limit %v; want 8 and 22", s.Baseline, s.Limit)
+	}
+	window(&c, &s, now, 22, 100, 10, OK)
+	if want := 22 + 0.2*11; s.Recent != 10 || s.Limit != want {
+		t.Fatalf("recent 10 µs on a baseline of 8: recent %d, limit %v; want 10 and %v", s.Recent, s.Limit, want)
+	}
+}
