@@ -711,3 +711,28 @@ func TestAdaptiveNoQueueStep(t *testing.T) {
 		t.Fatalf("recent 10 µs on a baseline of 8: recent %d, limit %v; want 10 and %v", s.Recent, s.Limit, want)
 	}
 }
+
+// TestAdaptiveEpochEnd: the first epoch past slow start is 5 windows:
+// the 6th is a probe, at half the limit when the windows used half of
+// it exactly (not app-limited). A round trip past maxRTT counts in the
+// histogram's last bucket.
+func TestAdaptiveEpochEnd(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 20, Ceiling: 20})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := t0
+	for i := 1; i <= 5; i++ {
+		if s.probe {
+			t.Fatalf("a probe after %d windows, want after 5", i-1)
+		}
+		now = window(&c, &s, now, 10, 100, 10*ms, OK)
+	}
+	if !s.probe || c.Read(&s) != 10 {
+		t.Fatalf("after 5 windows: probe %v, reads %d; want a probe at 10", s.probe, c.Read(&s))
+	}
+	f := c.NewState(t0, 1)
+	c.Admit(&f)
+	c.End(&f, t0+1, maxRTT*4, OK)
+	if f.hist[rttBuckets-1] != 1 {
+		t.Fatalf("a round trip of 4 maxRTT: not in the last bucket")
+	}
+}
