@@ -736,3 +736,16 @@ func TestAdaptiveEpochEnd(t *testing.T) {
 		t.Fatalf("a round trip of 4 maxRTT: not in the last bucket")
 	}
 }
+
+// TestAdaptiveQueueOfExactlyOne: a queue of exactly one request (limit
+// 4, recent 8 µs on a baseline of 6: 4 * (1 - 6/8) = 1) is a queue: the
+// gradient (1.25 * 6/8) cuts the limit. Below one request it would not.
+func TestAdaptiveQueueOfExactlyOne(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 4, Ceiling: 4})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := window(&c, &s, t0, 4, 100, 6, OK)
+	window(&c, &s, now, 4, 100, 8, OK)
+	if s.Baseline != 6 || s.Recent != 8 || s.Gradient != 0.9375 || s.Limit >= 4 {
+		t.Fatalf("baseline %d, recent %d, gradient %v, limit %v; want 6, 8, 0.9375 and a limit cut below 4", s.Baseline, s.Recent, s.Gradient, s.Limit)
+	}
+}

@@ -52,6 +52,11 @@ package algorithms
 //     are interchangeable; d.At goes before or after its equals.
 //   - lease.go:115 `want <= 0` to `want < 0`: LeaseSize(0, room) is 0,
 //     below MinQuotaLease: no lease either way.
+//   - adaptive.go:378 `cand < s.Baseline` to `<=`, and :381
+//     `cand < s.epochLo` to `<=`: equal, the field is set to what it
+//     holds.
+//   - adaptive.go:398 `g < 1` to `g <= 1`: at g == 1 the branch sets g
+//     to 1.
 //   - adaptive.go:214 `c.Percentile > 0` to `>= 0`, and :218
 //     `c.Smoothing > 0` to `>= 0`: 0 is the default's (NewAdaptive
 //     fills it in before the checks), never checked.
