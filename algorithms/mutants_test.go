@@ -52,6 +52,24 @@ package algorithms
 //     are interchangeable; d.At goes before or after its equals.
 //   - lease.go:115 `want <= 0` to `want < 0`: LeaseSize(0, room) is 0,
 //     below MinQuotaLease: no lease either way.
+//   - seed.go:203 `over > 0` to `over >= 0`: at 0 nothing is dropped
+//     and k is kept.
+//   - seed.go:222 `<= now-l.Window` to `<`: an entry exactly W old at
+//     d.At is kept, but every decision reads the log at d.At or later
+//     (logNow holds the clock at its newest entry) and drops it first.
+//   - seed.go:246 `strikes > 0` to `>= 0`: no strikes set Level 0, which
+//     reads as no strike window; `d.Reset > 0` to `>= 0`: an admitting
+//     ban decision with strikes has Reset > 0 (banned sets it).
+//   - seed.go:229 `s.Level > 0` to `>= 0`: every caller asks at most
+//     Level entries dropped (k <= Level), so the loop ends on k first.
+//   - settle.go:54 `actual < reserved` to `<=`, and :56 `actual >
+//     reserved` to `>=`: equal, the undo or debt is of 0.
+//   - settle.go:70 `x <= 0` to `x < 0`: owing 0 brings the state up to
+//     date with now (no decision changes) and adds 0.
+//   - settle.go:79 `s.At-now > MaxSpan*4` to `>=`: a TAT 4 MaxSpan ahead
+//     is a debt above OwedCap, which owe leaves as it is.
+//   - settle.go:105 `cost <= 0` to `cost < 0`: a cost of 0 owes inc(0) =
+//     0, or 0 for a window.
 //   - adaptive.go:378 `cand < s.Baseline` to `<=`, and :381
 //     `cand < s.epochLo` to `<=`: equal, the field is set to what it
 //     holds.

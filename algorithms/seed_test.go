@@ -624,3 +624,44 @@ func TestPrevFor(t *testing.T) {
 		}
 	}
 }
+
+// TestSeedBanStrikesBeforeBanEnd: strikes a shared decision tells whose
+// strike window began before the ban the copy holds ended were made
+// before that ban (a banned key gets none): the copy forgets them. A
+// window that begins as the ban ends keeps them.
+func TestSeedBanStrikesBeforeBanEnd(t *testing.T) {
+	l, err := NewBan(3, time.Minute, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	banEnd := t0 + 600*sec
+	for _, c := range []struct {
+		name         string
+		at, reset    int64
+		wantLeftThen int64
+	}{
+		{"a window from 40 s before the ban's end", banEnd - 10*sec, 30 * sec, 3},
+		{"a window from the ban's end", banEnd, 60 * sec, 2},
+	} {
+		var local State
+		l.Seed(&local, Decision{Reset: 600 * sec, Wait: 600 * sec, At: t0}, 0, false)
+		l.Seed(&local, Decision{Allowed: true, Remaining: 2, Reset: c.reset, At: c.at}, 0, false)
+		if d := l.Peek(&local, banEnd+1, 0); !d.Allowed || d.Remaining != c.wantLeftThen {
+			t.Errorf("%s: after the ban %+v, want %d strikes left", c.name, d, c.wantLeftThen)
+		}
+	}
+}
+
+// TestReseedLogKeepsWhatItHolds: a reseed of a sliding_log copy from a
+// decision that tells as many entries as it holds keeps them all.
+func TestReseedLogKeepsWhatItHolds(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 5, time.Minute, 0, 0)
+	var s State
+	for i := range int64(3) {
+		l.Take(&s, t0+i, Milli)
+	}
+	l.Reseed(&s, Decision{Allowed: true, Remaining: 2, Reset: 60 * sec, At: t0 + 2})
+	if s.Level != 3 {
+		t.Fatalf("after a reseed telling 3 entries: %d held, want 3", s.Level)
+	}
+}
