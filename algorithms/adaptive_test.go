@@ -749,3 +749,21 @@ func TestAdaptiveQueueOfExactlyOne(t *testing.T) {
 		t.Fatalf("baseline %d, recent %d, gradient %v, limit %v; want 6, 8, 0.9375 and a limit cut below 4", s.Baseline, s.Recent, s.Gradient, s.Limit)
 	}
 }
+
+// TestAdaptiveProbeAtTheTolerance: a probe of fewer than
+// adaptivePoolSamples whose recent is exactly the epoch's least
+// candidate over the tolerance (12 µs against 15, 1.25 * 12 = 15) did
+// not find a queue: it is no candidate (the baseline stays 15) and the
+// next epoch is a whole one, not a quick reprobe.
+func TestAdaptiveProbeAtTheTolerance(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 100, Epoch: 40})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := t0
+	for !s.probe {
+		now = window(&c, &s, now, 100, 200, 15, OK)
+	}
+	window(&c, &s, now, int(c.Read(&s)), 50, 12, OK)
+	if s.probe || s.Recent != 12 || s.Baseline != 15 || s.left < 30 {
+		t.Fatalf("after the probe: probe %v, recent %d, baseline %d, epoch %d windows; want over, 12, 15 and at least 30", s.probe, s.Recent, s.Baseline, s.left)
+	}
+}
