@@ -767,3 +767,15 @@ func TestAdaptiveProbeAtTheTolerance(t *testing.T) {
 		t.Fatalf("after the probe: probe %v, recent %d, baseline %d, epoch %d windows; want over, 12, 15 and at least 30", s.probe, s.Recent, s.Baseline, s.left)
 	}
 }
+
+// TestAdaptiveAdmitOver: a request admitted over the limit (a dry run)
+// counts in flight and in the window's peak.
+func TestAdaptiveAdmitOver(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 1, Ceiling: 1})
+	s := c.NewState(t0, 1)
+	c.Admit(&s)
+	c.AdmitOver(&s)
+	if s.InFlight != 2 || s.peak != 2 {
+		t.Fatalf("one admitted and one over the limit of 1: %d in flight, peak %d; want 2 and 2", s.InFlight, s.peak)
+	}
+}
