@@ -779,3 +779,23 @@ func TestAdaptiveAdmitOver(t *testing.T) {
 		t.Fatalf("one admitted and one over the limit of 1: %d in flight, peak %d; want 2 and 2", s.InFlight, s.peak)
 	}
 }
+
+// TestAdaptiveDropShareEdge: a window whose drops are exactly the drop
+// share (5 of 100) is not overloaded: the limit is not cut.
+func TestAdaptiveDropShareEdge(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 20, Ceiling: 20})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := window(&c, &s, t0, 20, 100, 10*ms, OK)
+	for i := range 100 {
+		for s.InFlight < 20 && c.Admit(&s) {
+		}
+		o := OK
+		if i < 5 {
+			o = Drop
+		}
+		c.End(&s, now+c.Window*int64(i+1)/100, 10*ms, o)
+	}
+	if s.Windows != 2 || s.Limit != 20 {
+		t.Fatalf("a window of 5 drops in 100: %d windows, limit %v; want 2 and 20 kept", s.Windows, s.Limit)
+	}
+}

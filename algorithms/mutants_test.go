@@ -29,6 +29,16 @@ package algorithms
 //     MaxSpan only at scale 1 (at a finer tick Unit is under 2001 ticks
 //     and Burst at most 2^40: Tau under 2^51 <= MaxSpan * Scale), where
 //     both are unit.
+//   - limit.go:236 `math.Abs(m-r) > r*0x1p-50` to `>=`: equal only
+//     where m is r, whole, and math.Ceil(m) is r too.
+//   - limit.go:460 and :463, floorMicros's shift: for ticks >= 0 and a
+//     power of two (every Scale NewLimit makes; 1 for the zero Limit)
+//     the shift and the division give the same, so each mutant of the
+//     choice between them (`ticks >= 0` to `> 0` or `< 0`, `== 0` to
+//     `!= 0`, `sc-1` to `sc+1`) and of the division no valid Limit
+//     reaches (`/` to `*`) decides the same; no tick count is negative.
+//   - limit.go:468 `ticks <= 0` to `ticks < 0`: 0 ticks round up to
+//     (Scale-1)/Scale, 0 µs.
 //   - bucket.go:85 `elapsed >= l.micros(inc)` to `>`: at elapsed ==
 //     micros(inc), ticks(elapsed) >= inc and the charge gives back
 //     max(0, inc - ticks(elapsed)) = 0 either way.
