@@ -302,3 +302,16 @@ func TestCalendarUndoAtEnd(t *testing.T) {
 		t.Fatalf("after an undo at the window's end, a request a µs before it: %+v, want refused", d)
 	}
 }
+
+// TestSlidingLogUndoStale: an undo reads no slot past the log's entries
+// (a slot an earlier undo left holds a stale time that may match).
+func TestSlidingLogUndoStale(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 5, time.Minute, 0, 0)
+	var s State
+	d := l.Take(&s, t0, 2*Milli) // two entries at t0
+	l.Undo(&s, t0, Milli, d)     // one left; its old slot still reads t0
+	l.Undo(&s, t0, 2*Milli, d)
+	if s.Level != 0 {
+		t.Fatalf("after undoing 1 and then 2 of 2 entries: %d entries, want 0", s.Level)
+	}
+}
