@@ -527,3 +527,11 @@ func TestUndoClampsCost(t *testing.T) {
 		}
 	}
 }
+
+// TestCostMilliClampEdge: a cost whose milli-units are exactly 2^61 is
+// clamped to MaxInt64/4, the clamp's bound included.
+func TestCostMilliClampEdge(t *testing.T) {
+	if got, ok := CostMilli(0x1p61 / Milli); !ok || got != math.MaxInt64/4 {
+		t.Fatalf("CostMilli(2^61/1000) = %d, %v; want %d, true", got, ok, int64(math.MaxInt64/4))
+	}
+}
