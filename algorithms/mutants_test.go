@@ -57,6 +57,8 @@ package algorithms
 //     Reset 0 tells both windows empty: seedUsed is 0 and the merge
 //     keeps s as it is.
 //   - seed.go:167 `left <= 0` to `left < 0`: at 0 the quotient is 0.
+//   - seed.go:153 `s.Prev > s.Head` to `>=`: with Prev == Head the
+//     block sets Prev to max(Head, a bound below Prev): Prev again.
 //   - seed.go:189 `s.Prev > 0` to `>= 0`: with Prev 0, n grows by 0.
 //   - seed.go:200 `s.entry(pos-1) > d.At` to `>=`: entries of one time
 //     are interchangeable; d.At goes before or after its equals.

@@ -665,3 +665,18 @@ func TestReseedLogKeepsWhatItHolds(t *testing.T) {
 		t.Fatalf("after a reseed telling 3 entries: %d held, want 3", s.Level)
 	}
 }
+
+// TestSeedSlidingUncharged: a reply that charged nothing and tells less
+// than the copy holds leaves the previous window's count as it was (the
+// bound of a charged reply's rest is not taken for it: that would round
+// 1000 milli-units, weighing 334 a third of a window from its end, up to
+// 1002).
+func TestSeedSlidingUncharged(t *testing.T) {
+	l := mustLimit(t, SlidingWindow, 10, time.Minute, 0, 0)
+	start := t0 - t0%l.Window
+	s := State{At: start, Prev: Milli}
+	l.Seed(&s, Decision{Allowed: true, Remaining: 9, Reset: 60 * sec, At: start + 40*sec}, 0, false)
+	if s.Prev != Milli || s.Level != 0 {
+		t.Fatalf("after an uncharged reply: Prev %d, Level %d; want %d and 0", s.Prev, s.Level, Milli)
+	}
+}
