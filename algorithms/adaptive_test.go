@@ -799,3 +799,31 @@ func TestAdaptiveDropShareEdge(t *testing.T) {
 		t.Fatalf("a window of 5 drops in 100: %d windows, limit %v; want 2 and 20 kept", s.Windows, s.Limit)
 	}
 }
+
+// TestAdaptiveProbeEdges: a short probe after an epoch without
+// candidates is a candidate (there is no epoch's least to compare it
+// with); a probe of drops alone teaches no queue, whatever recent the
+// window before left (no quick reprobe).
+func TestAdaptiveProbeEdges(t *testing.T) {
+	untilProbe := func() (AdaptiveConfig, AdaptiveState, int64) {
+		c := mustAdaptive(t, AdaptiveConfig{Initial: 100, Epoch: 40})
+		s := pastSlowStart(c.NewState(t0, 1))
+		now := t0
+		for !s.probe {
+			now = window(&c, &s, now, 100, 200, 15, OK)
+		}
+		return c, s, now
+	}
+	c, s, now := untilProbe()
+	s.epochLo = 0 // an epoch without candidates
+	window(&c, &s, now, int(c.Read(&s)), 50, 12, OK)
+	if s.Baseline != 12 {
+		t.Fatalf("a short probe of 12 µs after an epoch without candidates: baseline %d, want 12", s.Baseline)
+	}
+	c, s, now = untilProbe()
+	s.Recent = 5 // as if the window before had been fast
+	window(&c, &s, now, int(c.Read(&s)), 50, 12, Drop)
+	if s.left < 30 {
+		t.Fatalf("after a probe of drops alone: an epoch of %d windows, want a whole one (at least 30)", s.left)
+	}
+}
