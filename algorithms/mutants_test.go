@@ -39,6 +39,8 @@ package algorithms
 //     reaches (`/` to `*`) decides the same; no tick count is negative.
 //   - limit.go:468 `ticks <= 0` to `ticks < 0`: 0 ticks round up to
 //     (Scale-1)/Scale, 0 µs.
+//   - bucket.go:51 `l.MaxDelay > 0` to `>= 0`: the case is reached with
+//     over > 0, and a MaxDelay of 0 is 0 ticks: over <= 0 fails.
 //   - bucket.go:85 `elapsed >= l.micros(inc)` to `>`: at elapsed ==
 //     micros(inc), ticks(elapsed) >= inc and the charge gives back
 //     max(0, inc - ticks(elapsed)) = 0 either way.
