@@ -150,12 +150,23 @@ func median[T int | int64](xs []T) T {
 
 // simSeeds returns the seeds a simulation runs: only the first with
 // -short or under the race detector, which finds nothing in the
-// controller's single goroutine and slows it tenfold (see raceOn).
+// controller's single goroutine and slows it tenfold (see raceOn), or
+// for mutation testing (see mutationOn).
 func simSeeds(seeds ...uint64) []uint64 {
-	if raceOn || testing.Short() {
+	if raceOn || mutationOn || testing.Short() {
 		return seeds[:1]
 	}
 	return seeds
+}
+
+// simUpstreams returns the upstreams (capacities) a simulation runs:
+// only the first for mutation testing, where every mutant runs the whole
+// package's tests (see mutationOn).
+func simUpstreams[T any](cases ...T) []T {
+	if mutationOn {
+		return cases[:1]
+	}
+	return cases
 }
 
 // afterSkip returns the part of a span after its first skip samples.
@@ -176,7 +187,10 @@ func TestAdaptiveSimulation(t *testing.T) {
 		workers int
 		seed    uint64
 	}{{32, 1}, {8, 1}, {100, 1}, {32, 2}, {32, 3}} {
-		if tc.seed > 1 && (raceOn || testing.Short()) {
+		if tc.workers != 32 && mutationOn {
+			continue // see simUpstreams
+		}
+		if tc.seed > 1 && (raceOn || mutationOn || testing.Short()) {
 			continue // see simSeeds
 		}
 		C := tc.workers
@@ -243,7 +257,7 @@ func TestAdaptiveSimulationCapacities(t *testing.T) {
 		t.Fatal(err)
 	}
 	const sec, S = 1_000_000, 100 * ms
-	for _, C := range []int{2, 4, 8, 16, 32, 64} {
+	for _, C := range simUpstreams(2, 4, 8, 16, 32, 64) {
 		for _, seed := range simSeeds(1, 2) {
 			phases := []simPhase{{30 * sec, C}, {60 * sec, C / 2}, {100 * sec, C}}
 			run := simulateAt(t, &c, phases, seed, false, S)
@@ -296,7 +310,7 @@ func TestAdaptiveSimulationInitialAbove(t *testing.T) {
 		t.Fatal(err)
 	}
 	const sec, S = 1_000_000, 100 * ms
-	for _, C := range []int{2, 4} {
+	for _, C := range simUpstreams(2, 4) {
 		run := simulateAt(t, &c, []simPhase{{60 * sec, C}}, 1, false, S)
 		sp := run.spans[0]
 		in := median(afterSkip(sp.inflight, 3000))
@@ -342,10 +356,10 @@ func TestAdaptiveSimulationNoisy(t *testing.T) {
 		t.Fatal(err)
 	}
 	const sec = 1_000_000
-	for _, tc := range []struct {
+	for _, tc := range simUpstreams([]struct {
 		C int
 		S int64
-	}{{32, simS}, {4, 100 * ms}, {8, 100 * ms}} {
+	}{{32, simS}, {4, 100 * ms}, {8, 100 * ms}}...) {
 		C, S := tc.C, tc.S
 		for _, seed := range simSeeds(1, 2) {
 			run := simulateAt(t, &c, []simPhase{{60 * sec, C}}, seed, true, S)

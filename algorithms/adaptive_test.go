@@ -1,7 +1,9 @@
 package algorithms
 
 import (
+	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +93,53 @@ func TestNewAdaptiveErrors(t *testing.T) {
 				t.Errorf("NewAdaptive(%+v) = %v, want an error containing %q", tc.c, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestNewAdaptiveEdges: each bound of NewAdaptive at its edge is
+// accepted, and just past it refused with the whole error.
+func TestNewAdaptiveEdges(t *testing.T) {
+	for _, c := range []AdaptiveConfig{
+		{Floor: MaxEvents, Ceiling: MaxEvents},
+		{Floor: 5, Ceiling: 5},
+		{Floor: 3, Initial: 3},
+		{Ceiling: 10, Initial: 10},
+		{Window: 1},
+		{Window: MaxSpan / adaptiveStale},
+		{MinSamples: 1},
+		{MinSamples: math.MaxUint32},
+		{Percentile: 1e-9},
+		{Percentile: 0.999},
+		{Tolerance: 1},
+		{Tolerance: 100},
+		{Smoothing: 1e-9},
+		{Smoothing: 1},
+		{Epoch: 4},
+		{Epoch: 1 << 20},
+	} {
+		if _, err := NewAdaptive(c); err != nil {
+			t.Errorf("NewAdaptive(%+v): %v, want accepted", c, err)
+		}
+	}
+	for _, tc := range []struct {
+		c    AdaptiveConfig
+		want string
+	}{
+		{AdaptiveConfig{Floor: MaxEvents + 1}, "min: must be in [1, 1099511627776], got 1099511627777"},
+		{AdaptiveConfig{Ceiling: MaxEvents + 1}, "max: must be in [min (1), 1099511627776], got 1099511627777"},
+		{AdaptiveConfig{Floor: 5, Ceiling: 4}, "max: must be in [min (5), 1099511627776], got 4"},
+		{AdaptiveConfig{Floor: 3, Initial: 2}, "initial: must be in [min (3), max (1000)], got 2"},
+		{AdaptiveConfig{Window: MaxSpan/adaptiveStale + 1}, "window: must be in [1µs, 31274h59m50.684262s], got 31274h59m50.684263s"},
+		{AdaptiveConfig{MinSamples: math.MaxUint32 + 1}, "min_samples: must be in [1, 4294967295], got 4294967296"},
+		{AdaptiveConfig{Percentile: -1e-9}, "percentile: must be in (0, 1), got -1e-09"},
+		{AdaptiveConfig{Tolerance: 100.5}, "tolerance: must be in [1, 100], got 100.5"},
+		{AdaptiveConfig{Smoothing: -0.1}, "smoothing: must be in (0, 1], got -0.1"},
+		{AdaptiveConfig{Epoch: 3}, "epoch: must be in [4, 1048576] windows, got 3"},
+		{AdaptiveConfig{Epoch: 1<<20 + 1}, "epoch: must be in [4, 1048576] windows, got 1048577"},
+	} {
+		if _, err := NewAdaptive(tc.c); err == nil || err.Error() != tc.want {
+			t.Errorf("NewAdaptive(%+v) = %v, want %q", tc.c, err, tc.want)
+		}
 	}
 }
 
@@ -442,5 +491,339 @@ func TestAdaptiveBaselineOfPooledWindows(t *testing.T) {
 	}
 	if s.Baseline > 7*ms {
 		t.Errorf("after 100 samples pooled at 6 ms: baseline %d µs, want it lowered to about 6 ms", s.Baseline)
+	}
+}
+
+// TestAdaptiveBuckets: the histogram's buckets, walked one round trip at
+// a time up to 2^16 µs and around every power of two above: each round
+// trip below 16 µs is its own bucket; above, a bucket follows the one
+// before without a gap, is at most 1/8 of its least round trip wide, and
+// its middle (bucketMid) is its least round trip plus half its width.
+func TestAdaptiveBuckets(t *testing.T) {
+	var rtts []int64
+	for v := int64(1); v <= 1<<16; v++ {
+		rtts = append(rtts, v)
+	}
+	for e := 17; e <= 40; e++ {
+		for d := int64(-300); d <= 300; d++ {
+			rtts = append(rtts, int64(1)<<e+d)
+		}
+	}
+	lo := map[int]int64{} // each bucket's least round trip seen
+	hi := map[int]int64{} // and its most
+	prev := 0
+	for i, v := range rtts {
+		b := rttBucket(v)
+		if v < 16 && b != int(v) {
+			t.Fatalf("rttBucket(%d) = %d, want %d", v, b, v)
+		}
+		if i > 0 && rtts[i-1] == v-1 && b != prev && b != prev+1 {
+			t.Fatalf("rttBucket(%d) = %d after %d for %d: want the same bucket or the next", v, b, prev, v-1)
+		}
+		if _, ok := lo[b]; !ok {
+			lo[b] = v
+		}
+		hi[b] = v
+		prev = b
+	}
+	for b, l := range lo {
+		h := hi[b]
+		if l < 16 {
+			if bucketMid(b) != l {
+				t.Errorf("bucketMid(%d) = %d, want %d", b, bucketMid(b), l)
+			}
+			continue
+		}
+		// Buckets seen whole: those whose neighbours were seen too.
+		if _, ok := lo[b-1]; !ok || hi[b-1] != l-1 {
+			continue
+		}
+		if _, ok := lo[b+1]; !ok || lo[b+1] != h+1 {
+			continue
+		}
+		width := h - l + 1
+		if width*8 > l {
+			t.Errorf("bucket %d holds [%d, %d]: wider than 1/8 of %d", b, l, h, l)
+		}
+		if got, want := bucketMid(b), l+width/2; got != want {
+			t.Errorf("bucketMid(%d) = %d, want %d, the middle of [%d, %d]", b, got, want, l, h)
+		}
+	}
+	if b := rttBucket(0); b != 1 {
+		t.Errorf("rttBucket(0) = %d, want 1 (a round trip is at least 1 µs)", b)
+	}
+}
+
+// TestAdaptivePercentileModel: a window's recent is the bucket middle of
+// the sample of rank ceil(p * n) in the sorted samples (a plain model),
+// for random samples, percentiles and counts.
+func TestAdaptivePercentileModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 2))
+	for range 2000 {
+		c := mustAdaptive(t, AdaptiveConfig{Percentile: []float64{0.5, 0.9, 0.99, rng.Float64()*0.98 + 0.01}[rng.IntN(4)]})
+		s := c.NewState(t0, 1)
+		n := 1 + rng.IntN(60)
+		samples := make([]int64, n)
+		for i := range samples {
+			samples[i] = 1 + rng.Int64N([]int64{20, 1000, 1 << 30}[rng.IntN(3)])
+			s.hist[rttBucket(samples[i])]++
+		}
+		slices.Sort(samples)
+		rank := int(math.Ceil(c.Percentile * float64(n)))
+		if got, want := c.percentile(&s, int64(n)), bucketMid(rttBucket(samples[rank-1])); got != want {
+			t.Fatalf("percentile %g of %v = %d, want %d", c.Percentile, samples, got, want)
+		}
+	}
+	// More asked than the histogram holds: its last bucket.
+	c := mustAdaptive(t, AdaptiveConfig{})
+	s := c.NewState(t0, 1)
+	if got, want := c.percentile(&s, 5), bucketMid(rttBuckets-1); got != want {
+		t.Errorf("percentile of an empty histogram = %d, want the last bucket's %d", got, want)
+	}
+}
+
+// TestAdaptiveEpochLength: an epoch is Epoch windows give or take a
+// quarter (Epoch/4 rounded down), every length of that range drawn.
+func TestAdaptiveEpochLength(t *testing.T) {
+	for _, epoch := range []int64{4, 5, 7, 30, 101} {
+		c := mustAdaptive(t, AdaptiveConfig{Epoch: epoch})
+		s := c.NewState(t0, 12345)
+		seen := map[int64]bool{}
+		for range 5000 {
+			n := c.epochLength(&s)
+			if n < epoch-epoch/4 || n > epoch+epoch/4 {
+				t.Fatalf("epoch %d: a length of %d, want within [%d, %d]", epoch, n, epoch-epoch/4, epoch+epoch/4)
+			}
+			seen[n] = true
+		}
+		if want := 2*(epoch/4) + 1; int64(len(seen)) != want {
+			t.Errorf("epoch %d: %d lengths drawn, want all %d", epoch, len(seen), want)
+		}
+	}
+}
+
+// TestAdaptivePool: the pool returns 0 until its windows hold
+// adaptivePoolSamples samples or adaptivePool windows, then their median
+// recent, and starts empty again.
+func TestAdaptivePool(t *testing.T) {
+	var s AdaptiveState
+	steps := []struct{ recent, n, want int64 }{
+		{50, 40, 0},
+		{30, 59, 0},
+		{40, 1, 40}, // 100 samples: the median of 50, 30, 40
+		{70, 99, 0}, // empty again
+		{10, 1, 70}, // 100 samples: of 70 and 10, the upper middle
+		{5, 1, 0}, {6, 1, 0}, {7, 1, 0}, {8, 1, 0},
+		{9, 1, 7}, // 5 windows
+	}
+	for i, st := range steps {
+		if got := s.pool(st.recent, st.n); got != st.want {
+			t.Fatalf("step %d: pool(%d, %d) = %d, want %d", i, st.recent, st.n, got, st.want)
+		}
+	}
+}
+
+// TestAdaptiveNewEpoch: an epoch's end sets the baseline to its least
+// candidate, and keeps the baseline when the epoch had none.
+func TestAdaptiveNewEpoch(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{})
+	s := c.NewState(t0, 1)
+	s.Baseline, s.epochLo = 100, 80
+	c.newEpoch(&s)
+	if s.Baseline != 80 || s.epochLo != 0 {
+		t.Fatalf("after an epoch of least candidate 80: baseline %d, epoch's least %d; want 80 and 0", s.Baseline, s.epochLo)
+	}
+	c.newEpoch(&s)
+	if s.Baseline != 80 {
+		t.Fatalf("after an epoch without candidates: baseline %d, want 80 kept", s.Baseline)
+	}
+}
+
+// TestAdaptiveWindowCounts: Windows counts the windows closed; a window's
+// recent is the percentile of its OK round trips alone (its drops count
+// in its samples, not its round trips); a window of drops alone leaves
+// recent as it was; an end with nothing in flight leaves none in flight.
+func TestAdaptiveWindowCounts(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 100, Ceiling: 100})
+	s := c.NewState(t0, 1)
+	now := window(&c, &s, t0, 50, 100, 10*ms, OK)
+	now = window(&c, &s, now, 50, 100, 10*ms, OK)
+	if s.Windows != 2 {
+		t.Fatalf("after 2 windows: Windows %d", s.Windows)
+	}
+	// 100 OK round trips of 20 ms and 3 drops (under the drop share),
+	// the drops ending first.
+	for i := range 103 {
+		c.Admit(&s)
+		o := OK
+		if i < 3 {
+			o = Drop
+		}
+		c.End(&s, now+c.Window*int64(i+1)/103, 20*ms, o)
+	}
+	now += c.Window
+	if want := bucketMid(rttBucket(20 * ms)); s.Windows != 3 || s.Recent != want {
+		t.Fatalf("a window of 100 OK and 3 drops: Windows %d, recent %d; want 3 and %d", s.Windows, s.Recent, want)
+	}
+	before := s.Recent
+	window(&c, &s, now, 50, 100, 10*ms, Drop)
+	if s.Windows != 4 || s.Recent != before {
+		t.Fatalf("a window of drops alone: Windows %d, recent %d; want 4 and %d kept", s.Windows, s.Recent, before)
+	}
+	for s.InFlight > 0 {
+		c.End(&s, now, 10*ms, Cancelled)
+	}
+	c.End(&s, now, 10*ms, Cancelled)
+	if s.InFlight != 0 {
+		t.Fatalf("an end with nothing in flight: %d in flight, want 0", s.InFlight)
+	}
+}
+
+// TestAdaptiveHalfUsed: a window that used exactly half the limit is
+// not app-limited: in slow start it doubles the limit, past it the limit
+// grows (by a fifth of half the limit, recent being the baseline).
+func TestAdaptiveHalfUsed(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 20})
+	s := c.NewState(t0, 1)
+	window(&c, &s, t0, 10, 100, 10*ms, OK)
+	if s.Limit != 40 {
+		t.Errorf("slow start, half the limit used: limit %v, want 40", s.Limit)
+	}
+	p := pastSlowStart(c.NewState(t0, 1))
+	window(&c, &p, t0, 10, 100, 10*ms, OK)
+	if p.Limit != 22 {
+		t.Errorf("past slow start, half the limit used: limit %v, want 22", p.Limit)
+	}
+}
+
+// TestAdaptiveNoQueueStep: recent within half the tolerance of the
+// baseline, at its edge exactly (10 µs against 8 µs with a tolerance of
+// 1.5), still grows the limit by the larger step, half the limit.
+func TestAdaptiveNoQueueStep(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 20, Tolerance: 1.5})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := window(&c, &s, t0, 20, 100, 8, OK)
+	if s.Baseline != 8 || s.Limit != 22 {
+		t.Fatalf("first window: baseline %d, limit %v; want 8 and 22", s.Baseline, s.Limit)
+	}
+	window(&c, &s, now, 22, 100, 10, OK)
+	if want := 22 + 0.2*11; s.Recent != 10 || s.Limit != want {
+		t.Fatalf("recent 10 µs on a baseline of 8: recent %d, limit %v; want 10 and %v", s.Recent, s.Limit, want)
+	}
+}
+
+// TestAdaptiveEpochEnd: the first epoch past slow start is 5 windows:
+// the 6th is a probe, at half the limit when the windows used half of
+// it exactly (not app-limited). A round trip past maxRTT counts in the
+// histogram's last bucket.
+func TestAdaptiveEpochEnd(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 20, Ceiling: 20})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := t0
+	for i := 1; i <= 5; i++ {
+		if s.probe {
+			t.Fatalf("a probe after %d windows, want after 5", i-1)
+		}
+		now = window(&c, &s, now, 10, 100, 10*ms, OK)
+	}
+	if !s.probe || c.Read(&s) != 10 {
+		t.Fatalf("after 5 windows: probe %v, reads %d; want a probe at 10", s.probe, c.Read(&s))
+	}
+	f := c.NewState(t0, 1)
+	c.Admit(&f)
+	c.End(&f, t0+1, maxRTT*4, OK)
+	if f.hist[rttBuckets-1] != 1 {
+		t.Fatalf("a round trip of 4 maxRTT: not in the last bucket")
+	}
+}
+
+// TestAdaptiveQueueOfExactlyOne: a queue of exactly one request (limit
+// 4, recent 8 µs on a baseline of 6: 4 * (1 - 6/8) = 1) is a queue: the
+// gradient (1.25 * 6/8) cuts the limit. Below one request it would not.
+func TestAdaptiveQueueOfExactlyOne(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 4, Ceiling: 4})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := window(&c, &s, t0, 4, 100, 6, OK)
+	window(&c, &s, now, 4, 100, 8, OK)
+	if s.Baseline != 6 || s.Recent != 8 || s.Gradient != 0.9375 || s.Limit >= 4 {
+		t.Fatalf("baseline %d, recent %d, gradient %v, limit %v; want 6, 8, 0.9375 and a limit cut below 4", s.Baseline, s.Recent, s.Gradient, s.Limit)
+	}
+}
+
+// TestAdaptiveProbeAtTheTolerance: a probe of fewer than
+// adaptivePoolSamples whose recent is exactly the epoch's least
+// candidate over the tolerance (12 µs against 15, 1.25 * 12 = 15) did
+// not find a queue: it is no candidate (the baseline stays 15) and the
+// next epoch is a whole one, not a quick reprobe.
+func TestAdaptiveProbeAtTheTolerance(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 100, Epoch: 40})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := t0
+	for !s.probe {
+		now = window(&c, &s, now, 100, 200, 15, OK)
+	}
+	window(&c, &s, now, int(c.Read(&s)), 50, 12, OK)
+	if s.probe || s.Recent != 12 || s.Baseline != 15 || s.left < 30 {
+		t.Fatalf("after the probe: probe %v, recent %d, baseline %d, epoch %d windows; want over, 12, 15 and at least 30", s.probe, s.Recent, s.Baseline, s.left)
+	}
+}
+
+// TestAdaptiveAdmitOver: a request admitted over the limit (a dry run)
+// counts in flight and in the window's peak.
+func TestAdaptiveAdmitOver(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 1, Ceiling: 1})
+	s := c.NewState(t0, 1)
+	c.Admit(&s)
+	c.AdmitOver(&s)
+	if s.InFlight != 2 || s.peak != 2 {
+		t.Fatalf("one admitted and one over the limit of 1: %d in flight, peak %d; want 2 and 2", s.InFlight, s.peak)
+	}
+}
+
+// TestAdaptiveDropShareEdge: a window whose drops are exactly the drop
+// share (5 of 100) is not overloaded: the limit is not cut.
+func TestAdaptiveDropShareEdge(t *testing.T) {
+	c := mustAdaptive(t, AdaptiveConfig{Initial: 20, Ceiling: 20})
+	s := pastSlowStart(c.NewState(t0, 1))
+	now := window(&c, &s, t0, 20, 100, 10*ms, OK)
+	for i := range 100 {
+		for s.InFlight < 20 && c.Admit(&s) {
+		}
+		o := OK
+		if i < 5 {
+			o = Drop
+		}
+		c.End(&s, now+c.Window*int64(i+1)/100, 10*ms, o)
+	}
+	if s.Windows != 2 || s.Limit != 20 {
+		t.Fatalf("a window of 5 drops in 100: %d windows, limit %v; want 2 and 20 kept", s.Windows, s.Limit)
+	}
+}
+
+// TestAdaptiveProbeEdges: a short probe after an epoch without
+// candidates is a candidate (there is no epoch's least to compare it
+// with); a probe of drops alone teaches no queue, whatever recent the
+// window before left (no quick reprobe).
+func TestAdaptiveProbeEdges(t *testing.T) {
+	untilProbe := func() (AdaptiveConfig, AdaptiveState, int64) {
+		c := mustAdaptive(t, AdaptiveConfig{Initial: 100, Epoch: 40})
+		s := pastSlowStart(c.NewState(t0, 1))
+		now := t0
+		for !s.probe {
+			now = window(&c, &s, now, 100, 200, 15, OK)
+		}
+		return c, s, now
+	}
+	c, s, now := untilProbe()
+	s.epochLo = 0 // an epoch without candidates
+	window(&c, &s, now, int(c.Read(&s)), 50, 12, OK)
+	if s.Baseline != 12 {
+		t.Fatalf("a short probe of 12 µs after an epoch without candidates: baseline %d, want 12", s.Baseline)
+	}
+	c, s, now = untilProbe()
+	s.Recent = 5 // as if the window before had been fast
+	window(&c, &s, now, int(c.Read(&s)), 50, 12, Drop)
+	if s.left < 30 {
+		t.Fatalf("after a probe of drops alone: an epoch of %d windows, want a whole one (at least 30)", s.left)
 	}
 }

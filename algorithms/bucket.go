@@ -16,9 +16,7 @@ package algorithms
 
 // drain returns debt ticks after elapsed µs, without overflow.
 func (l *Limit) drain(debt, elapsed int64) int64 {
-	if elapsed <= 0 {
-		return debt
-	}
+	elapsed = max(elapsed, 0) // a clock that ran backwards: no time has elapsed
 	if elapsed >= l.micros(debt) {
 		return 0
 	}
@@ -28,9 +26,7 @@ func (l *Limit) drain(debt, elapsed int64) int64 {
 // bucket decides for TokenBucket and LeakyBucket into *d. State: At =
 // last refill (µs), Level = debt in ticks.
 func (l *Limit) bucket(s *State, now, cost int64, commit bool, d *Decision) {
-	if now < s.At {
-		now = s.At // the clock ran backwards: no time has elapsed
-	}
+	now = max(now, s.At) // the clock ran backwards: no time has elapsed
 	debt := l.drain(s.Level, now-s.At)
 	s.At, s.Level = now, debt
 	l.meter(&s.Level, now, cost, commit, d)

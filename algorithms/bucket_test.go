@@ -175,3 +175,45 @@ func TestLeakyBucketShaping(t *testing.T) {
 	}
 	run(t, mustLimit(t, LeakyBucket, 2, time.Second, 0, time.Second), steps)
 }
+
+// TestBucketLateUndo: a policing bucket's undo of a charge that is no
+// longer the last in the queue gives back what the charge still holds,
+// its refill time less the time since it was made; a shaping bucket's
+// gives back nothing (see giveBack).
+func TestBucketLateUndo(t *testing.T) {
+	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket} {
+		l := mustLimit(t, kind, 10, time.Second, 0, 0) // 100 ms an event
+		var s State
+		first := l.Take(&s, t0, Milli)
+		l.Take(&s, t0, Milli)
+		l.Undo(&s, t0+10*ms, Milli, first)
+		// 200 ms of debt, 10 drained, 90 given back: 100 ms left.
+		if d := l.Peek(&s, t0+10*ms, 0); d.Reset != 100*ms {
+			t.Errorf("%s: after a late undo the bucket refills in %d µs, want %d", kind, d.Reset, 100*ms)
+		}
+	}
+	l := mustLimit(t, LeakyBucket, 10, time.Second, 0, time.Second)
+	var s State
+	first := l.Take(&s, t0, Milli)
+	l.Take(&s, t0, Milli)
+	l.Undo(&s, t0+10*ms, Milli, first)
+	if d := l.Peek(&s, t0+10*ms, 0); d.Reset != 190*ms {
+		t.Errorf("shaping: after a late undo the bucket refills in %d µs, want %d (nothing given back)", d.Reset, 190*ms)
+	}
+}
+
+// TestGCRAFarAhead: a TAT more than 4 MaxSpan ahead of now (a clock that
+// ran far back) reads as a debt of 2^53 ticks, which rejects; one exactly
+// 4 MaxSpan ahead reads as itself.
+func TestGCRAFarAhead(t *testing.T) {
+	l := mustLimit(t, GCRA, 10, time.Second, 0, 0)
+	for _, c := range []struct{ ahead, reset int64 }{
+		{4 * MaxSpan, 4 * MaxSpan},
+		{4*MaxSpan + 1, maxExact},
+	} {
+		s := State{At: t0 + c.ahead}
+		if d := l.Peek(&s, t0, Milli); d.Allowed || d.Reset != c.reset {
+			t.Errorf("TAT %d µs ahead: %+v, want refused with Reset %d", c.ahead, d, c.reset)
+		}
+	}
+}

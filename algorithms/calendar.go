@@ -93,7 +93,7 @@ func civilDay(y int, m time.Month, d int) int64 {
 // floorDiv is a/b rounded toward minus infinity, b > 0.
 func floorDiv(a, b int64) int64 {
 	q := a / b
-	if a%b != 0 && a < 0 {
+	if a%b < 0 { // Go's remainder takes a's sign
 		q--
 	}
 	return q

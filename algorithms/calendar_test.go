@@ -3,6 +3,7 @@ package algorithms
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -76,6 +77,158 @@ func TestCalendarPeriods(t *testing.T) {
 					p = next
 				}
 			})
+		}
+	}
+}
+
+// TestCalendarStrings: a calendar window's String and Nominal, and the
+// empty string and 0 for no calendar or a unit past the known ones.
+func TestCalendarStrings(t *testing.T) {
+	for _, c := range []struct {
+		cal     Calendar
+		str     string
+		nominal time.Duration
+	}{
+		{Calendar{Day, 1, nil}, "1d", 24 * time.Hour},
+		{Calendar{Week, 2, nil}, "2w", 14 * 24 * time.Hour},
+		{Calendar{Month, 3, nil}, "3mo", 90 * 24 * time.Hour},
+		{Calendar{}, "", 0},
+		{Calendar{Month + 1, 1, nil}, "", 0},
+	} {
+		if got := c.cal.String(); got != c.str {
+			t.Errorf("%+v.String() = %q, want %q", c.cal, got, c.str)
+		}
+		if got := c.cal.Nominal(); got != c.nominal {
+			t.Errorf("%+v.Nominal() = %s, want %s", c.cal, got, c.nominal)
+		}
+	}
+}
+
+// TestFloorDiv: floorDiv is a/b rounded toward minus infinity, as
+// math.Floor of the quotient (exact for these values), for negative and
+// positive a.
+func TestFloorDiv(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 3))
+	for i := 0; i < 20000; i++ {
+		a, b := rng.Int64N(2_000_001)-1_000_000, 1+rng.Int64N(20)
+		if i < 200 {
+			a = int64(i) - 100
+		}
+		if got, want := floorDiv(a, b), int64(math.Floor(float64(a)/float64(b))); got != want {
+			t.Fatalf("floorDiv(%d, %d) = %d, want %d", a, b, got, want)
+		}
+	}
+}
+
+// TestCalendarModel: Period against a plain model of its definition, for
+// windows of 1 to 7 days, weeks and months in each zone, at random times
+// from 1969 to 2100: units numbered from the epoch's own (1970-01-01, the
+// week of Monday 1969-12-29, January 1970), a window the Count units
+// from a multiple of Count, found by stepping from an estimate; and
+// index, the unit Period starts from, is that window's.
+func TestCalendarModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 4))
+	from := time.Date(1969, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	to := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	n := 300
+	if testing.Short() || raceOn || mutationOn {
+		n = 60
+	}
+	// America/Santiago skips its midnight at the start of DST, and
+	// time.Date places that midnight in the day before (23:00 of the old
+	// offset): there Period's loops correct index, and its times are
+	// drawn within two hours of such a midnight.
+	santiago := mustLoc(t, "America/Santiago")
+	var skips []int64
+	for d := 0; d < 365*30; d++ {
+		if m := time.Date(2000, 1, 1+d, 0, 0, 0, 0, santiago); m.Day() != time.Date(2000, 1, 1+d, 12, 0, 0, 0, time.UTC).Day() {
+			skips = append(skips, m.UnixMicro())
+		}
+	}
+	for _, name := range append(zones, "America/Santiago") {
+		loc := mustLoc(t, name)
+		for _, unit := range []Unit{Day, Week, Month} {
+			for count := int64(1); count <= 7; count++ {
+				cal := Calendar{unit, count, loc}
+				unitStart := func(u int64) int64 {
+					switch unit {
+					case Day:
+						return time.Date(1970, 1, 1+int(u), 0, 0, 0, 0, loc).UnixMicro()
+					case Week:
+						return time.Date(1969, 12, 29+7*int(u), 0, 0, 0, 0, loc).UnixMicro()
+					}
+					return time.Date(1970, 1+time.Month(u), 1, 0, 0, 0, 0, loc).UnixMicro()
+				}
+				for j := range n {
+					now := from + rng.Int64N(to-from)
+					if name == "America/Santiago" {
+						now = skips[rng.IntN(len(skips))] + rng.Int64N(4*3600e6) - 2*3600e6
+						if j%4 == 0 { // the placed midnight itself
+							now = skips[rng.IntN(len(skips))]
+						}
+					}
+					k := now / int64(cal.Nominal()/time.Microsecond) * count // an estimate, a multiple of count
+					for unitStart(k) > now {
+						k -= count
+					}
+					for unitStart(k+count) <= now {
+						k += count
+					}
+					// index, Period's first estimate, is exact: the unit of
+					// now's local date (the loops after it only correct a
+					// midnight that time.Date placed in the day before).
+					if got := cal.index(now); got != k && name != "America/Santiago" {
+						t.Fatalf("%s %s: index(%s) = %d, want %d", name, cal, time.UnixMicro(now).In(loc), got, k)
+					}
+					want := Period{unitStart(k), unitStart(k + count)}
+					if got := cal.Period(now); got != want {
+						t.Fatalf("%s %s: Period(%s) = [%s, %s), want [%s, %s)", name, cal, time.UnixMicro(now).In(loc),
+							time.UnixMicro(got.Start).In(loc), time.UnixMicro(got.End).In(loc),
+							time.UnixMicro(want.Start).In(loc), time.UnixMicro(want.End).In(loc))
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestNewCalendarLimitEdges: NewCalendarLimit's bounds at their edges:
+// the most units a window may hold (its longest length within MaxSpan:
+// days of 25 hours, weeks of 169, months of 745) and the most events its
+// shortest period holds at one a µs (a day of 23 hours, a week of 167),
+// accepted, and one more refused with the whole error.
+func TestNewCalendarLimitEdges(t *testing.T) {
+	for _, c := range []struct {
+		events int64
+		cal    Calendar
+	}{
+		{1, Calendar{Day, 12509, nil}},
+		{1, Calendar{Week, 1850, nil}},
+		{1, Calendar{Month, 419, nil}},
+		{82_800_000_000, Calendar{Day, 1, nil}},
+		{601_200_000_000, Calendar{Week, 1, nil}},
+		{MaxEvents, Calendar{Month, 1, nil}},
+	} {
+		if _, err := NewCalendarLimit(c.events, c.cal); err != nil {
+			t.Errorf("NewCalendarLimit(%d, %s): %v, want accepted", c.events, c.cal, err)
+		}
+	}
+	for _, c := range []struct {
+		events int64
+		cal    Calendar
+		want   string
+	}{
+		{1, Calendar{Day, 12510, nil}, "window: must be at most 312749h58m26.842624s, got 12510d"},
+		{1, Calendar{Week, 1851, nil}, "window: must be at most 312749h58m26.842624s, got 1851w"},
+		{1, Calendar{Month, 420, nil}, "window: must be at most 312749h58m26.842624s, got 420mo"},
+		{1, Calendar{Day, 0, nil}, "window: a calendar window must be at least one unit, got 0d"},
+		{1, Calendar{Month + 1, 1, nil}, "window: unknown calendar unit 4"},
+		{1, Calendar{}, "window: unknown calendar unit 0"},
+		{82_800_000_001, Calendar{Day, 1, nil}, "events: 82800000001 per 1d is more than one per microsecond, the finest rate Tollgate keeps per key"},
+		{601_200_000_001, Calendar{Week, 1, nil}, "events: 601200000001 per 1w is more than one per microsecond, the finest rate Tollgate keeps per key"},
+	} {
+		if _, err := NewCalendarLimit(c.events, c.cal); err == nil || err.Error() != c.want {
+			t.Errorf("NewCalendarLimit(%d, %+v) = %v, want %q", c.events, c.cal, err, c.want)
 		}
 	}
 }
@@ -204,6 +357,53 @@ func TestCalendarSpan(t *testing.T) {
 	}
 	if fresh.At != 0 || fresh.Prev != 0 || fresh.Level != 0 {
 		t.Fatalf("a refused decision changed the state: %+v", fresh)
+	}
+}
+
+// TestCalendarSpanEdges: TakeIn at the edges of the state's window and
+// of the span given: a span's first µs and its second period's first µs
+// are its own, its end and the state's window end are not.
+func TestCalendarSpanEdges(t *testing.T) {
+	cal := Calendar{Day, 1, time.UTC}
+	l, err := NewCalendarLimit(2, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const day = 86400e6
+	d0 := micros(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	d1, d2, d3 := d0+day, d0+2*day, d0+3*day
+	sp1 := cal.Span(d1) // [d1, d2) and [d2, d3)
+	for _, c := range []struct {
+		name      string
+		state     int64 // a take at this time first, if not 0
+		sp        Span
+		now       int64
+		outside   bool
+		at, reset int64 // the window counted in, and Reset
+	}{
+		{"the state's window end, the span after it", d0 + 5, cal.Span(d2), d1, true, 0, 0},
+		{"the span's first µs", 0, sp1, d1, false, d1, day},
+		{"the span's second period's first µs", 0, sp1, d2, false, d2, day},
+		{"the span's last µs", 0, sp1, d3 - 1, false, d2, 1},
+		{"the span's end", 0, sp1, d3, true, 0, 0},
+		{"within the state's window, the span after it", d0 + 5, cal.Span(d2), d1 - 1, false, d0, 1},
+	} {
+		var s State
+		if c.state != 0 {
+			if _, err := l.TakeIn(&s, cal.Span(c.state), c.state, Milli); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := l.TakeIn(&s, c.sp, c.now, Milli)
+		if c.outside {
+			if !errors.Is(err, ErrOutsideSpan) {
+				t.Errorf("%s: TakeIn = %+v, %v, want ErrOutsideSpan", c.name, d, err)
+			}
+			continue
+		}
+		if err != nil || !d.Allowed || s.At != c.at || d.Reset != c.reset {
+			t.Errorf("%s: TakeIn = %+v, %v, counted in the window from %d; want admitted in the window from %d, Reset %d", c.name, d, err, s.At, c.at, c.reset)
+		}
 	}
 }
 

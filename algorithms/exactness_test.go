@@ -13,7 +13,7 @@ import (
 // B + r*t and must be within 0.1% of it. With the refill time of an event
 // rounded up to a whole µs, 300000/s admitted 250000/s and 999999/s
 // admitted 500000/s. Under the race detector each span is a tenth as
-// long (see raceOn).
+// long (see raceOn), and for mutation testing (see mutationOn).
 func TestRatePrecision(t *testing.T) {
 	for _, c := range []struct {
 		events int64
@@ -35,7 +35,7 @@ func TestRatePrecision(t *testing.T) {
 				var s State
 				var admitted int64
 				span := c.span
-				if raceOn || testing.Short() {
+				if raceOn || mutationOn || testing.Short() {
 					span /= 10
 				}
 				step, end := c.step.Microseconds(), t0+span.Microseconds()

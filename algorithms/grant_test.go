@@ -181,3 +181,41 @@ func cloneState(s State) State {
 func sameState(a, b State) bool {
 	return a.At == b.At && a.Level == b.Level && a.Prev == b.Prev && a.Head == b.Head && slices.Equal(a.Log, b.Log)
 }
+
+// TestGrantedEdges: Granted is 0 from a sliding_log grant's end exactly,
+// and from a calendar window's end exactly; and it holds a clock behind
+// the log's newest entry at that entry (as logNow does), so that an entry
+// seeded past the grant's end ends it.
+func TestGrantedEdges(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 3, time.Minute, 0, 0)
+	var s State
+	if _, err := l.Grant(&s, t0, Milli); err != nil {
+		t.Fatal(err)
+	}
+	end := t0 + 60*sec
+	if g := l.Granted(&s, end-1); g != Milli {
+		t.Fatalf("a µs before the grant's end: Granted %d, want %d", g, Milli)
+	}
+	if g := l.Granted(&s, end); g != 0 {
+		t.Fatalf("at the grant's end: Granted %d, want 0", g)
+	}
+	l.Seed(&s, Decision{Allowed: true, Remaining: 2, Reset: 60 * sec, At: end + 5}, Milli, true)
+	if g := l.Granted(&s, t0+1); g != 0 {
+		t.Fatalf("with an entry past the grant's end: Granted %d at t0+1µs, want 0 (the clock held at the entry)", g)
+	}
+	cal, err := NewCalendarLimit(2, Calendar{Day, 1, time.UTC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d0 := micros(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	var c State
+	if _, err := cal.Grant(&c, d0+5, Milli); err != nil {
+		t.Fatal(err)
+	}
+	if g := cal.Granted(&c, d0+86400e6-1); g != Milli {
+		t.Fatalf("a µs before the day's end: Granted %d, want %d", g, Milli)
+	}
+	if g := cal.Granted(&c, d0+86400e6); g != 0 {
+		t.Fatalf("at the day's end: Granted %d, want 0", g)
+	}
+}

@@ -172,3 +172,58 @@ func TestWaitAlso(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardConfigEdges: the guards' bounds at their edges are accepted,
+// and just past them refused with the whole error.
+func TestGuardConfigEdges(t *testing.T) {
+	maxSpan := time.Duration(MaxSpan) * time.Microsecond
+	for _, err := range []error{
+		errOf(NewConcurrency(MaxEvents, maxSpan)),
+		errOf(NewBan(MaxEvents, maxSpan, maxSpan)),
+	} {
+		if err != nil {
+			t.Errorf("at the bounds: %v, want accepted", err)
+		}
+	}
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{errOf(NewConcurrency(MaxEvents+1, time.Minute)), "concurrency: must be at most 1099511627776, got 1099511627777"},
+		{errOf(NewConcurrency(1, maxSpan+time.Microsecond)), "concurrency_lease: must be at most 312749h58m26.842624s, got 312749h58m26.842625s"},
+		{errOf(NewBan(1, time.Minute, maxSpan+time.Microsecond)), "ban: must be at most 312749h58m26.842624s, got 312749h58m26.842625s"},
+		{errOf(NewBan(MaxEvents+1, time.Minute, time.Minute)), "ban_after: must be at most 1099511627776, got 1099511627777"},
+		{errOf(NewBan(1, maxSpan+time.Microsecond, time.Minute)), "window: a ban counts rejections within the zone's window, which must be in [1µs, 312749h58m26.842624s], got 312749h58m26.842625s"},
+	} {
+		if c.err == nil || c.err.Error() != c.want {
+			t.Errorf("error %v, want %q", c.err, c.want)
+		}
+	}
+}
+
+// TestBanEdges: a strike window's strikes are forgotten at its end
+// exactly, and a strike at a ban's end exactly counts (after 1: it bans
+// again).
+func TestBanEdges(t *testing.T) {
+	b, err := NewBan(3, time.Minute, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s State
+	b.Strike(&s, t0)
+	if d := b.Peek(&s, t0+60*sec-1, 0); d.Remaining != 2 {
+		t.Fatalf("a µs before the strike window's end: %+v, want 2 left", d)
+	}
+	if d := b.Peek(&s, t0+60*sec, 0); d.Remaining != 3 || d.Reset != 0 {
+		t.Fatalf("at the strike window's end: %+v, want 3 left, Reset 0", d)
+	}
+	one, err := NewBan(1, time.Minute, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o State
+	one.Strike(&o, t0)
+	if d := one.Strike(&o, t0+10*sec); d.Allowed || d.Reset != 10*sec {
+		t.Fatalf("a strike as the ban ends: %+v, want banned again for 10s", d)
+	}
+}

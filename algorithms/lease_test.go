@@ -263,3 +263,19 @@ func checkSlidingBound(t *testing.T, l *Limit, admitted []admission) {
 		}
 	}
 }
+
+// TestLeaseRoomBucket: a bucket's lease takes at most an eighth of what
+// the request leaves, less the refill of the lease's life: 100/s, 99
+// left, a life of 100 ms (10 events) leaves 89, an eighth of it 11; a
+// lease of no life is none.
+func TestLeaseRoomBucket(t *testing.T) {
+	l := mustLimit(t, TokenBucket, 100, time.Second, 0, 0)
+	var s State
+	if d, n, lived := l.LeaseTake(&s, nil, t0, Milli, 1000, 100*ms); !d.Allowed || n != 11 || lived != 100*ms {
+		t.Fatalf("LeaseTake = %+v, %d, %d; want admitted, 11 leased for 100 ms", d, n, lived)
+	}
+	var z State
+	if d, n, _ := l.LeaseTake(&z, nil, t0, Milli, 1000, 0); !d.Allowed || n != 0 {
+		t.Fatalf("LeaseTake of no life = %+v, %d; want admitted, none leased", d, n)
+	}
+}

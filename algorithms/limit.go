@@ -196,9 +196,11 @@ func NewLimit(kind Kind, events int64, window time.Duration, burst int64, maxDel
 	if burst > events && (hi != 0 || tau > uint64(MaxSpan*scale)) {
 		return Limit{}, fmt.Errorf("burst: %d events of %s each take longer than %s to refill", burst, time.Duration(unit/scale)*time.Microsecond, time.Duration(MaxSpan)*time.Microsecond)
 	}
-	// A shaping bucket's debt reaches Tau + MaxDelay: with a fine tick it
-	// must stay exact in a double.
-	if scale > 1 && (tau >= uint64(maxExact/2) || md >= (maxExact/2-int64(tau))/scale) {
+	// A shaping bucket's debt reaches Tau + MaxDelay ticks: it must stay
+	// exact in a double. Only a fine tick comes near (a µs tick keeps both
+	// near MaxSpan; Tau stays below 2^52 ticks, and were it above, the
+	// bound would be negative and refuse every max_delay).
+	if md >= (maxExact/2-int64(tau))/scale {
 		return Limit{}, fmt.Errorf("burst and max_delay: %d events per %s refill in %d/%d µs each, and a burst of %d with max_delay %s is too long to keep at that precision; lower burst or max_delay",
 			events, window, unit, scale, burst, maxDelay)
 	}

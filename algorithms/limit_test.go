@@ -157,6 +157,22 @@ func TestNewLimit(t *testing.T) {
 			Limit{Kind: TokenBucket, Events: 1000, Window: sec, Burst: 1000, Scale: 1, Unit: 1000, Tau: sec}},
 		{"999/s", TokenBucket, 999, time.Second, 0, 0,
 			Limit{Kind: TokenBucket, Events: 999, Window: sec, Burst: 999, Scale: 1, Unit: 1002, Tau: 999 * 1002}},
+		// The edges of the tick: exactly 1000 ticks an event (7003µs / 7,
+		// 1000 and a remainder) needs none finer; 9µs / 6 is exact at
+		// ticks of 1/2µs, and stops there.
+		{"1000 ticks and a remainder", TokenBucket, 7, 7003 * time.Microsecond, 0, 0,
+			Limit{Kind: TokenBucket, Events: 7, Window: 7003, Burst: 7, Scale: 1, Unit: 1001, Tau: 7007}},
+		{"exact at a finer tick", GCRA, 6, 9 * time.Microsecond, 0, 0,
+			Limit{Kind: GCRA, Events: 6, Window: 9, Burst: 6, Scale: 2, Unit: 3, Tau: 18}},
+		// The longest max_delay, and a burst that refills in exactly
+		// MaxSpan: accepted. A fast rate's burst refills in ticks: its
+		// bound is MaxSpan * Scale ticks.
+		{"longest max_delay", LeakyBucket, 10, time.Second, 0, time.Duration(MaxSpan) * time.Microsecond,
+			Limit{Kind: LeakyBucket, Events: 10, Window: sec, Burst: 10, MaxDelay: MaxSpan, Scale: 1, Unit: 100 * ms, Tau: sec}},
+		{"burst refilling in MaxSpan", TokenBucket, 1, time.Duration(MaxSpan/2) * time.Microsecond, 2, 0,
+			Limit{Kind: TokenBucket, Events: 1, Window: MaxSpan / 2, Burst: 2, Scale: 1, Unit: MaxSpan / 2, Tau: MaxSpan}},
+		{"a fast rate's long burst", TokenBucket, 300_000, time.Second, 2_000_000_000, 0,
+			Limit{Kind: TokenBucket, Events: 300_000, Window: sec, Burst: 2_000_000_000, Scale: 512, Unit: 1707, Tau: 2_000_000_000 * 1707}},
 		{"window kinds keep µs", SlidingWindow, 300_000, time.Second, 0, 0,
 			Limit{Kind: SlidingWindow, Events: 300_000, Window: sec, Burst: 300_000, Scale: 1, Unit: 4, Tau: 1_200_000}},
 	}
@@ -246,6 +262,21 @@ func TestNewLimitErrors(t *testing.T) {
 	}
 }
 
+// TestNewLimitFineTickDelay: a shaping bucket on ticks finer than a µs
+// keeps its debt, up to Tau + MaxDelay, exact in a double: at 999999/s
+// (ticks of 1/1024 µs, Tau 999999 * 1025 ticks) max_delay may be at most
+// (2^52 - Tau) / 1024 µs, less a µs.
+func TestNewLimitFineTickDelay(t *testing.T) {
+	const most = (maxExact/2 - 999_999*1025) / 1024 // 4398045510128 µs
+	if _, err := NewLimit(LeakyBucket, 999_999, time.Second, 0, time.Duration(most-1)*time.Microsecond); err != nil {
+		t.Fatalf("max_delay %dµs: %v, want accepted", most-1, err)
+	}
+	_, err := NewLimit(LeakyBucket, 999_999, time.Second, 0, time.Duration(most)*time.Microsecond)
+	if want := "burst and max_delay: 999999 events per 1s refill in 1025/1024 µs each, and a burst of 999999 with max_delay 1221h40m45.510128s is too long to keep at that precision; lower burst or max_delay"; err == nil || err.Error() != want {
+		t.Fatalf("max_delay %dµs: %v, want %q", most, err, want)
+	}
+}
+
 func TestParseKind(t *testing.T) {
 	for _, k := range allKinds {
 		got, err := ParseKind(k.String())
@@ -261,8 +292,11 @@ func TestParseKind(t *testing.T) {
 			t.Errorf("ParseKind(%q) = %v, nil, want an error", name, got)
 		}
 	}
-	if got, want := Kind(9).String(), "Kind(9)"; got != want {
-		t.Errorf("Kind(9).String() = %q, want %q", got, want)
+	// The first kind past the names, and one further.
+	for _, k := range []Kind{Ban + 1, 9} {
+		if got, want := k.String(), fmt.Sprintf("Kind(%d)", k); got != want {
+			t.Errorf("Kind(%d).String() = %q, want %q", k, got, want)
+		}
 	}
 }
 
@@ -491,5 +525,13 @@ func TestUndoClampsCost(t *testing.T) {
 		if d := l.Take(&s, now, -5*Milli); !d.Allowed || d.Remaining != 3 {
 			t.Errorf("%s: Take(-5): %+v, want allowed with 3 remaining (no credit)", kind, d)
 		}
+	}
+}
+
+// TestCostMilliClampEdge: a cost whose milli-units are exactly 2^61 is
+// clamped to MaxInt64/4, the clamp's bound included.
+func TestCostMilliClampEdge(t *testing.T) {
+	if got, ok := CostMilli(0x1p61 / Milli); !ok || got != math.MaxInt64/4 {
+		t.Fatalf("CostMilli(2^61/1000) = %d, %v; want %d, true", got, ok, int64(math.MaxInt64/4))
 	}
 }

@@ -3,6 +3,7 @@ package algorithms
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -14,10 +15,11 @@ import (
 // for each family, and that every Decision says exactly what the state then
 // does.
 
-// traces is how many random traces each property runs: fewer with -short
-// or under the race detector (see raceOn).
+// traces is how many random traces each property runs: fewer with -short,
+// under the race detector (see raceOn) or for mutation testing (see
+// mutationOn).
 func traces() int {
-	if testing.Short() || raceOn {
+	if testing.Short() || raceOn || mutationOn {
 		return 30
 	}
 	return 300
@@ -127,8 +129,10 @@ func checkDecision(t *testing.T, i int, l *Limit, before, after State, now, cost
 	t.Helper()
 	call := fmt.Sprintf("step %d: %s: Take(%s, %s) = %+v", i, describe(l), at(now), events(cost), d)
 	capacity := l.Capacity()
+	g := clone(after)
+	granted := l.Granted(&g, now) / Milli // whole events a grant adds to Remaining
 	switch {
-	case d.Remaining < 0 || d.Remaining > l.Burst || d.Reset < 0 || d.Delay < 0 || d.Delay > l.MaxDelay:
+	case d.Remaining < 0 || d.Remaining > l.Burst+granted || d.Reset < 0 || d.Delay < 0 || d.Delay > l.MaxDelay:
 		t.Fatalf("%s: out of range", call)
 	case cost > capacity && (d.Allowed || d.Wait != Never):
 		t.Fatalf("%s: want rejected with Wait Never, above the capacity %s", call, events(capacity))
@@ -173,9 +177,14 @@ func checkDecision(t *testing.T, i int, l *Limit, before, after State, now, cost
 	}
 
 	// Remaining whole events can be taken now, without delay, and one more
-	// cannot. (A shaping leaky bucket that is queueing reports 0.)
+	// cannot. (A shaping leaky bucket that is queueing reports 0; with a
+	// grant, Remaining may pass what one request can take, the capacity.)
+	// A sliding_log whose grant has ended may hold more entries than its
+	// events, until they leave the window (see logNow): it then refuses
+	// even a request of no cost.
+	overfull := l.Kind == SlidingLog && after.Level > l.Events+granted
 	c = clone(after)
-	if r := l.Take(&c, now, d.Remaining*Milli); !r.Allowed || d.Remaining > 0 && r.Delay != 0 {
+	if r := l.Take(&c, now, min(d.Remaining, l.Burst)*Milli); !overfull && (!r.Allowed || d.Remaining > 0 && r.Delay != 0) {
 		t.Fatalf("%s: but Take(Remaining = %d) = %+v", call, d.Remaining, r)
 	}
 	if more := (d.Remaining + 1) * Milli; more <= capacity {
@@ -392,6 +401,71 @@ func TestPropertyUndo(t *testing.T) {
 					wd, od := l.Take(&with, r.t, r.cost), l.Take(&without, r.t, r.cost)
 					if wd != od {
 						t.Fatalf("step %d: %s: Take(%s, %s) = %+v after undone requests, want %+v", i, describe(&l), at(r.t), events(r.cost), wd, od)
+					}
+				}
+			}
+		})
+	}
+}
+
+// randLargeLimit returns a random valid limit of kind whose events and
+// window are drawn on a log scale up to their bounds (MaxEvents,
+// MaxSpan), so that the products a decision compares pass 2^64; a
+// sliding_log's events stay few, as its log holds one time per event.
+func randLargeLimit(t *testing.T, rng *rand.Rand, kind Kind) Limit {
+	t.Helper()
+	logScale := func(hi int64) int64 {
+		b := rng.IntN(bits.Len64(uint64(hi)))
+		return min(hi, int64(1)<<b+rng.Int64N(int64(1)<<b))
+	}
+	for {
+		w := logScale(MaxSpan)
+		n := logScale(min(w, MaxEvents))
+		if kind == SlidingLog {
+			n = 1 + rng.Int64N(min(w, 12))
+		}
+		var burst int64
+		if kind == TokenBucket || kind == GCRA || kind == LeakyBucket {
+			if rng.IntN(2) == 0 {
+				burst = 1 + rng.Int64N(min(3*n, MaxEvents))
+			}
+		}
+		if l, err := NewLimit(kind, n, time.Duration(w)*time.Microsecond, burst, 0); err == nil {
+			return l
+		}
+	}
+}
+
+// TestPropertyDecisionsExact: every decision is exact by checkDecision's
+// definitions (Wait, Reset and Remaining against what Peek decides later
+// and now) for limits up to the bounds (randLargeLimit) and, for the
+// kinds that take grants, with grants of random size given between the
+// requests, the window's and the next's.
+func TestPropertyDecisionsExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 0))
+	for _, kind := range []Kind{FixedWindow, SlidingWindow, SlidingLog, TokenBucket, GCRA, LeakyBucket} {
+		t.Run("alg="+kind.String(), func(t *testing.T) {
+			for range traces() {
+				l := randLargeLimit(t, rng, kind)
+				if rng.IntN(2) == 0 {
+					l = randLimit(t, rng, kind, false)
+				}
+				s := NewState(&l)
+				for i, r := range randTrace(rng, &l, 100) {
+					if l.Grantable() && rng.IntN(8) == 0 {
+						amount := rng.Int64N(3*Milli + 1)
+						if rng.IntN(4) == 0 {
+							amount = rng.Int64N(l.Capacity() + 1)
+						}
+						if _, err := l.Grant(&s, r.t, amount); err != nil {
+							t.Fatal(err)
+						}
+					}
+					before := clone(s)
+					d := l.Take(&s, r.t, r.cost)
+					checkDecision(t, i, &l, before, s, r.t, r.cost, d)
+					if d.Allowed && r.undo {
+						l.Undo(&s, r.t, r.cost, d)
 					}
 				}
 			}

@@ -2,6 +2,7 @@ package algorithms
 
 import (
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -571,5 +572,111 @@ func TestSeedFollowsGrant(t *testing.T) {
 				t.Errorf("%s %+v: the copy admits %d on its own, the shared state %d", kind, c, got, want)
 			}
 		}
+	}
+}
+
+// TestSeedFresh: a decision of a fresh bucket (Reset 0) seeded into a
+// fresh copy leaves it deciding as a fresh state, at a µs tick and at a
+// fine one (999999/s: ticks of 1/1024 µs).
+func TestSeedFresh(t *testing.T) {
+	for _, kind := range []Kind{TokenBucket, GCRA, LeakyBucket} {
+		for _, events := range []int64{10, 999_999} {
+			l := mustLimit(t, kind, events, time.Second, 0, 0)
+			var shared, fresh, local State
+			d := l.Peek(&shared, t0, 0)
+			l.Seed(&local, d, 0, false)
+			for i, cost := range []int64{l.Capacity(), Milli} {
+				if got, want := l.Take(&local, t0, cost), l.Take(&fresh, t0, cost); got != want {
+					t.Fatalf("%s: step %d: the seeded copy decides %+v, a fresh state %+v", describe(&l), i, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestPrevFor: prevFor is the largest count, at most the limit, whose
+// weight toNext µs before the window's end is at most left: floor(left *
+// W / toNext), computed in big integers here, for counts and windows up
+// to their bounds, quotients past 64 bits among them.
+func TestPrevFor(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 5))
+	for i := 0; i < 100_000; i++ {
+		w := 1 + rng.Int64N(MaxSpan)
+		n := 1 + rng.Int64N(min(w, MaxEvents))
+		l := Limit{Kind: SlidingWindow, Events: n, Window: w}
+		left, toNext := rng.Int64N(n*Milli+1)-1, 1+rng.Int64N(w)
+		switch i % 4 {
+		case 0:
+			toNext = 1 + rng.Int64N(3)
+		case 1: // left * W exactly toNext * 2^64
+			l.Window, l.Events, toNext, left = 1<<32, 1<<32, 1, 1<<32
+		}
+		want := new(big.Int)
+		if left > 0 {
+			want.Mul(big.NewInt(left), big.NewInt(l.Window))
+			want.Quo(want, big.NewInt(toNext))
+		}
+		if lim := big.NewInt(l.Events * Milli); want.Cmp(lim) > 0 {
+			want = lim
+		}
+		if got := l.prevFor(left, toNext); got != want.Int64() {
+			t.Fatalf("prevFor(%d, %d) in %d per %d µs = %d, want %s", left, toNext, l.Events, l.Window, got, want)
+		}
+	}
+}
+
+// TestSeedBanStrikesBeforeBanEnd: strikes a shared decision tells whose
+// strike window began before the ban the copy holds ended were made
+// before that ban (a banned key gets none): the copy forgets them. A
+// window that begins as the ban ends keeps them.
+func TestSeedBanStrikesBeforeBanEnd(t *testing.T) {
+	l, err := NewBan(3, time.Minute, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	banEnd := t0 + 600*sec
+	for _, c := range []struct {
+		name         string
+		at, reset    int64
+		wantLeftThen int64
+	}{
+		{"a window from 40 s before the ban's end", banEnd - 10*sec, 30 * sec, 3},
+		{"a window from the ban's end", banEnd, 60 * sec, 2},
+	} {
+		var local State
+		l.Seed(&local, Decision{Reset: 600 * sec, Wait: 600 * sec, At: t0}, 0, false)
+		l.Seed(&local, Decision{Allowed: true, Remaining: 2, Reset: c.reset, At: c.at}, 0, false)
+		if d := l.Peek(&local, banEnd+1, 0); !d.Allowed || d.Remaining != c.wantLeftThen {
+			t.Errorf("%s: after the ban %+v, want %d strikes left", c.name, d, c.wantLeftThen)
+		}
+	}
+}
+
+// TestReseedLogKeepsWhatItHolds: a reseed of a sliding_log copy from a
+// decision that tells as many entries as it holds keeps them all.
+func TestReseedLogKeepsWhatItHolds(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 5, time.Minute, 0, 0)
+	var s State
+	for i := range int64(3) {
+		l.Take(&s, t0+i, Milli)
+	}
+	l.Reseed(&s, Decision{Allowed: true, Remaining: 2, Reset: 60 * sec, At: t0 + 2})
+	if s.Level != 3 {
+		t.Fatalf("after a reseed telling 3 entries: %d held, want 3", s.Level)
+	}
+}
+
+// TestSeedSlidingUncharged: a reply that charged nothing and tells less
+// than the copy holds leaves the previous window's count as it was (the
+// bound of a charged reply's rest is not taken for it: that would round
+// 1000 milli-units, weighing 334 a third of a window from its end, up to
+// 1002).
+func TestSeedSlidingUncharged(t *testing.T) {
+	l := mustLimit(t, SlidingWindow, 10, time.Minute, 0, 0)
+	start := t0 - t0%l.Window
+	s := State{At: start, Prev: Milli}
+	l.Seed(&s, Decision{Allowed: true, Remaining: 9, Reset: 60 * sec, At: start + 40*sec}, 0, false)
+	if s.Prev != Milli || s.Level != 0 {
+		t.Fatalf("after an uncharged reply: Prev %d, Level %d; want %d and 0", s.Prev, s.Level, Milli)
 	}
 }

@@ -208,3 +208,33 @@ func checkBound(t *testing.T, l *Limit, reqs []settled, limits func(a, b settled
 		}
 	}
 }
+
+// TestOweGCRA: a GCRA key owes as a token bucket does (its TAT moves on
+// by the excess's refill), also with a debt far beyond MaxSpan/4; the
+// zero Limit owes nothing; a cost of exactly OwedCap/Unit events owes
+// OwedCap.
+func TestOweGCRA(t *testing.T) {
+	l := mustLimit(t, GCRA, 10, time.Second, 0, 0)
+	var s State
+	late := int64(2_300_000_000_000_000) // 2042: the TAT plus now passes 4 MaxSpan
+	l.Take(&s, late, Milli)
+	l.Owe(&s, late, 2*Milli)
+	if d := l.Peek(&s, late, 0); d.Reset != 300*ms {
+		t.Fatalf("after owing 2 events: Reset %d, want %d", d.Reset, 300*ms)
+	}
+	long := mustLimit(t, GCRA, 1, time.Duration(MaxSpan/2)*time.Microsecond, 0, 0)
+	var ls State
+	long.Take(&ls, t0, Milli)
+	long.Owe(&ls, t0, Milli)
+	if d := long.Peek(&ls, t0, 0); d.Reset != OwedCap {
+		t.Fatalf("a debt of MaxSpan/2 owing an event: Reset %d, want OwedCap %d", d.Reset, OwedCap)
+	}
+	var zero Limit
+	if x := zero.OweAmount(Milli); x != 0 {
+		t.Fatalf("the zero Limit owes %d, want 0", x)
+	}
+	three := mustLimit(t, TokenBucket, 1, 3*time.Microsecond, 0, 0) // Unit 3
+	if x := three.OweAmount(OwedCap / three.Unit * Milli); x != OwedCap {
+		t.Fatalf("OwedCap/Unit events owe %d, want OwedCap %d", x, OwedCap)
+	}
+}

@@ -1,6 +1,7 @@
 package algorithms
 
 import (
+	"cmp"
 	"math"
 	"math/bits"
 )
@@ -15,9 +16,7 @@ import (
 // (possibly adjusted) now. The clock running backwards counts as no time
 // elapsed: now never goes before the stored window start.
 func (l *Limit) roll(s *State, now int64) int64 {
-	if now < s.At {
-		now = s.At
-	}
+	now = max(now, s.At)
 	start := now - now%l.Window
 	if start > s.At {
 		if start-s.At == l.Window {
@@ -164,44 +163,29 @@ func (l *Limit) weight(prev, toNext int64) int64 {
 		return 0
 	}
 	// The product in 128 bits, divided exactly: one multiplication and
-	// one division, where a decision is within a window (toNext <= W,
-	// so that the quotient, at most prev, fits).
-	if hi, lo := bits.Mul64(uint64(prev), uint64(toNext)); hi < uint64(l.Window) {
-		q, r := bits.Div64(hi, lo, uint64(l.Window))
-		if r != 0 {
-			q++
-		}
-		return int64(q)
+	// one division. A decision is within a window (toNext <= W), so the
+	// quotient is at most prev and fits; hi < W is exactly that it fits
+	// in 64 bits. One that would not (toNext far beyond W: no caller)
+	// weighs more than any limit, rather than have Div64 panic.
+	hi, lo := bits.Mul64(uint64(prev), uint64(toNext))
+	if hi >= uint64(l.Window) {
+		return math.MaxInt64 / 4
 	}
-	// A float estimate, corrected by exact comparisons (the Lua twin
-	// corrects its own estimate the same way, so every path ends on the
-	// one exact answer).
-	q := int64(math.Ceil(float64(prev) * float64(toNext) / float64(l.Window)))
-	for q > 0 && mulCmp(q-1, l.Window, prev, toNext) >= 0 {
-		q--
-	}
-	for mulCmp(q, l.Window, prev, toNext) < 0 {
+	q, r := bits.Div64(hi, lo, uint64(l.Window))
+	if r != 0 {
 		q++
 	}
-	return q
+	return int64(min(q, math.MaxInt64/4))
 }
 
 // mulCmp compares a*b with c*d, for non-negative arguments, exactly.
 func mulCmp(a, b, c, d int64) int {
 	h1, l1 := bits.Mul64(uint64(a), uint64(b))
 	h2, l2 := bits.Mul64(uint64(c), uint64(d))
-	switch {
-	case h1 != h2:
-		if h1 < h2 {
-			return -1
-		}
-		return 1
-	case l1 < l2:
-		return -1
-	case l1 > l2:
-		return 1
+	if h1 != h2 {
+		return cmp.Compare(h1, h2)
 	}
-	return 0
+	return cmp.Compare(l1, l2)
 }
 
 // slidingWait is the µs until a rejected request of cost fits: until the
@@ -290,14 +274,12 @@ func (l *Limit) slidingLog(s *State, now, cost int64, commit bool) Decision {
 			At:        now,
 		}
 	}
-	if commit && k > 0 {
+	if commit {
 		s.resize(s.Level+k, n+g)
 		for i := int64(0); i < k; i++ {
 			s.Log[(s.Head+s.Level)%int64(len(s.Log))] = now
 			s.Level++
 		}
-	} else if commit {
-		s.resize(s.Level, n+g)
 	}
 	return Decision{Allowed: true, Remaining: n + g - s.Level, Reset: l.logReset(s, now), At: now}
 }
@@ -310,9 +292,7 @@ func (l *Limit) slidingLog(s *State, now, cost int64, commit bool) Decision {
 // leaves the window, so that a later grant admits only what it grants.
 func (l *Limit) logNow(s *State, now int64) int64 {
 	if s.Level > 0 {
-		if newest := s.entry(s.Level - 1); now < newest {
-			now = newest // the clock ran backwards: no time has elapsed
-		}
+		now = max(now, s.entry(s.Level-1)) // a clock that ran backwards: no time has elapsed
 	}
 	for s.Level > 0 && s.Log[s.Head] <= now-l.Window {
 		s.Head = (s.Head + 1) % int64(len(s.Log))
@@ -376,15 +356,13 @@ func (l *Limit) slidingLogUndo(s *State, now, cost int64, taken Decision) {
 	c := int64(len(s.Log))
 	// Entries only grow along the ring: find the run at taken.At and close
 	// the gap by moving the newer entries down.
-	first := int64(-1)
+	// Not found, first is Level: the run is empty and nothing moves.
+	first := s.Level
 	for i := int64(0); i < s.Level; i++ {
 		if s.entry(i) == taken.At {
 			first = i
 			break
 		}
-	}
-	if first < 0 {
-		return
 	}
 	run := int64(0)
 	for first+run < s.Level && run < k && s.entry(first+run) == taken.At {

@@ -1,6 +1,7 @@
 package algorithms
 
 import (
+	"math"
 	"math/big"
 	"math/rand/v2"
 	"testing"
@@ -122,8 +123,10 @@ func TestSlidingLogWithoutRing(t *testing.T) {
 
 // TestWeightExact: a sliding_window's weight is ceil(prev * toNext / W)
 // exactly, computed in big integers here, for counts and windows from 1
-// to their bounds and toNext within the window and beyond it (a
-// seeded state's), on both of weight's paths.
+// to their bounds and toNext within the window; beyond it (no decision
+// asks that), the same, up to a quotient of MaxInt64/4, where it stops
+// (above every limit, and no sum of it overflows), also where the product
+// passes W * 2^64 (the quotient passes 64 bits) and at exactly W * 2^64.
 func TestWeightExact(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 7))
 	edge := func(hi int64) int64 {
@@ -139,14 +142,176 @@ func TestWeightExact(t *testing.T) {
 		w := edge(MaxSpan)
 		l := Limit{Kind: SlidingWindow, Events: 1, Window: w}
 		prev, toNext := edge(MaxEvents*Milli), edge(w)
-		if i%10 == 0 {
-			toNext = edge(4 * w) // beyond the window: the float path
+		switch i % 10 {
+		case 0:
+			toNext = edge(4 * w) // beyond the window
+		case 1:
+			w = edge(1 << 31)
+			l.Window = w
+			prev, toNext = edge(math.MaxInt64), edge(math.MaxInt64)
+		case 2: // the product exactly W * 2^64: the quotient 2^64
+			w = edge(1 << 30)
+			l.Window = w
+			prev, toNext = w<<32, 1<<32
 		}
 		want := new(big.Int).Mul(big.NewInt(prev), big.NewInt(toNext))
 		want.Add(want, big.NewInt(w-1))
 		want.Quo(want, big.NewInt(w))
-		if got := l.weight(prev, toNext); !want.IsInt64() || got != want.Int64() {
+		if want.Cmp(big.NewInt(math.MaxInt64/4)) > 0 {
+			want.SetInt64(math.MaxInt64 / 4)
+		}
+		if got := l.weight(prev, toNext); got != want.Int64() {
 			t.Fatalf("weight(%d, %d) in a window of %d = %d, want %s", prev, toNext, w, got, want)
 		}
+	}
+}
+
+// TestCalendarUndo: a calendar window's undo gives back to the state's
+// window a request charged in it, from its first µs on, and nothing for
+// a decision made at or after the window's end (a later window's).
+func TestCalendarUndo(t *testing.T) {
+	cal := Calendar{Day, 1, time.UTC}
+	l, err := NewCalendarLimit(2, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d0 := micros(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	d1 := d0 + 86400e6
+	var s State
+	first := l.Take(&s, d0, Milli) // the window's first µs
+	if second := l.Take(&s, d0+5, Milli); !first.Allowed || !second.Allowed {
+		t.Fatalf("takes: %+v, %+v", first, second)
+	}
+	// A decision of the next window: not charged here.
+	l.Undo(&s, d1-2, Milli, Decision{Allowed: true, At: d1})
+	if d := l.Peek(&s, d1-2, Milli); d.Allowed {
+		t.Fatalf("after the undo of the next window's request: %+v, want the window still full", d)
+	}
+	l.Undo(&s, d1-2, Milli, first)
+	if d := l.Peek(&s, d1-2, Milli); !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("after the undo of the first request: %+v, want one event admitted", d)
+	}
+}
+
+// TestSlidingUndoPrevious: an undo of a request charged in the previous
+// window gives it back to that window's count, and to what the state
+// keeps of that window's charges (Head, see State), which a seed reads.
+func TestSlidingUndoPrevious(t *testing.T) {
+	l := mustLimit(t, SlidingWindow, 4, time.Second, 0, 0)
+	w0 := t0 - t0%l.Window
+	var s State
+	taken := l.Take(&s, w0+10, 3*Milli)
+	l.Undo(&s, w0+sec+10, Milli, taken)
+	if s.Prev != 2*Milli || s.Head != 2*Milli {
+		t.Fatalf("after an undo of 1 of the previous window's 3: Prev %d, Head %d, want both %d", s.Prev, s.Head, 2*Milli)
+	}
+}
+
+// TestSlidingLogGrantEndsBeforeWait: a sliding_log whose log is full with
+// its grant, asked for one more: the oldest entry leaves the window just
+// as the grant ends, and the log must then hold at most N, so the wait
+// is until the next entry leaves, not the first.
+func TestSlidingLogGrantEndsBeforeWait(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 1, 10*time.Second, 0, 0)
+	var s State
+	if _, err := l.Grant(&s, t0, Milli); err != nil { // until t0 + 10 s
+		t.Fatal(err)
+	}
+	for _, at := range []int64{t0, t0 + 5*sec} {
+		if d := l.Take(&s, at, Milli); !d.Allowed {
+			t.Fatalf("take at t0+%dµs: %+v", at-t0, d)
+		}
+	}
+	d := l.Take(&s, t0+6*sec, Milli)
+	if d.Allowed || d.Wait != 9*sec {
+		t.Fatalf("a third: %+v, want refused with Wait 9s (until the second entry leaves at t0+15s)", d)
+	}
+}
+
+// TestSlidingLogRing: the ring's size step by step: none for a fresh
+// key, 4 for the first entries, doubled when a request finds it full
+// (not before: 4 entries fit in 4), up to N; halved when at most a
+// quarter of it is in use (a quarter exactly too), not below 4.
+func TestSlidingLogRing(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 100, time.Minute, 0, 0)
+	var s State
+	for k := int64(1); k <= 100; k++ {
+		l.Take(&s, t0+k, Milli)
+		want := int64(minLog)
+		for want < k {
+			want *= 2
+		}
+		want = min(want, 100)
+		if int64(len(s.Log)) != want {
+			t.Fatalf("after %d entries a ring of %d, want %d", k, len(s.Log), want)
+		}
+	}
+	// 16 entries in a ring of 16 (from scratch), then 12 expire: 4 in
+	// use, a quarter, halves it to 8 at the next commit (of no cost).
+	var q State
+	for k := int64(0); k < 12; k++ {
+		l.Take(&q, t0+k, Milli)
+	}
+	for k := int64(0); k < 4; k++ {
+		l.Take(&q, t0+30*sec+k, Milli)
+	}
+	if len(q.Log) != 16 {
+		t.Fatalf("16 entries in a ring of %d, want 16", len(q.Log))
+	}
+	l.Take(&q, t0+60*sec+12, 0)
+	if q.Level != 4 || len(q.Log) != 8 {
+		t.Fatalf("4 entries left: %d in a ring of %d, want 4 in 8", q.Level, len(q.Log))
+	}
+	// 4 in a ring of 4 stays 4, and an empty ring of 4 too.
+	var f State
+	for k := int64(0); k < 4; k++ {
+		l.Take(&f, t0+k, Milli)
+	}
+	l.Take(&f, t0+2*time.Minute.Microseconds(), 0)
+	if f.Level != 0 || len(f.Log) != minLog {
+		t.Fatalf("all expired: %d entries in a ring of %d, want 0 in %d", f.Level, len(f.Log), minLog)
+	}
+}
+
+// TestSlidingLogEmptyGrant: a grant of nothing to a sliding_log leaves a
+// fresh key fresh (Reset 0), and its window end unread.
+func TestSlidingLogEmptyGrant(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 3, time.Minute, 0, 0)
+	var s State
+	if _, err := l.Grant(&s, t0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Peek(&s, t0, Milli); !d.Allowed || d.Reset != 0 || d.Remaining != 3 {
+		t.Fatalf("after a grant of nothing: %+v, want admitted, Reset 0, Remaining 3", d)
+	}
+}
+
+// TestCalendarUndoAtEnd: an undo at the window's end gives nothing back:
+// the window no longer counts, even for a clock that then runs back.
+func TestCalendarUndoAtEnd(t *testing.T) {
+	l, err := NewCalendarLimit(1, Calendar{Day, 1, time.UTC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d0 := micros(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	d1 := d0 + 86400e6
+	var s State
+	taken := l.Take(&s, d0+5, Milli)
+	l.Undo(&s, d1, Milli, taken)
+	if d := l.Peek(&s, d1-1, Milli); d.Allowed {
+		t.Fatalf("after an undo at the window's end, a request a µs before it: %+v, want refused", d)
+	}
+}
+
+// TestSlidingLogUndoStale: an undo reads no slot past the log's entries
+// (a slot an earlier undo left holds a stale time that may match).
+func TestSlidingLogUndoStale(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 5, time.Minute, 0, 0)
+	var s State
+	d := l.Take(&s, t0, 2*Milli) // two entries at t0
+	l.Undo(&s, t0, Milli, d)     // one left; its old slot still reads t0
+	l.Undo(&s, t0, 2*Milli, d)
+	if s.Level != 0 {
+		t.Fatalf("after undoing 1 and then 2 of 2 entries: %d entries, want 0", s.Level)
 	}
 }
