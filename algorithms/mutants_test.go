@@ -76,6 +76,10 @@ package algorithms
 //     ban decision with strikes has Reset > 0 (banned sets it).
 //   - seed.go:229 `s.Level > 0` to `>= 0`: every caller asks at most
 //     Level entries dropped (k <= Level), so the loop ends on k first.
+//   - seed.go:254 `s.Level > 0` to `>= 0`: a ban's state has Prev 0
+//     whenever its Level is 0 (Strike and seedBan set a strike window's
+//     end only with strikes, and clear both together), so clearing both
+//     at Level 0 changes nothing.
 //   - settle.go:54 `actual < reserved` to `<=`, and :56 `actual >
 //     reserved` to `>=`: equal, the undo or debt is of 0.
 //   - settle.go:70 `x <= 0` to `x < 0`: owing 0 brings the state up to

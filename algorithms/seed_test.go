@@ -680,3 +680,33 @@ func TestSeedSlidingUncharged(t *testing.T) {
 		t.Fatalf("after an uncharged reply: Prev %d, Level %d; want %d and 0", s.Prev, s.Level, Milli)
 	}
 }
+
+// TestSeedLogGrantBound: a sliding_log copy told of a grant keeps at most
+// the limit's events and the grant's while the grant lasts (seedLog's
+// s.Prev / Milli, which a * would inflate), and only the limit's once it
+// has ended, at its end's very µs (Granted's now >= s.At: the grant's
+// `d.At < s.At`, which a <= would stretch by one µs).
+func TestSeedLogGrantBound(t *testing.T) {
+	l := mustLimit(t, SlidingLog, 3, time.Minute, 0, 0)
+	var granted State
+	if _, err := l.Grant(&granted, t0, 2*Milli); err != nil {
+		t.Fatal(err)
+	}
+	end := granted.At
+	for _, c := range []struct {
+		name string
+		at   int64
+		cost int64
+		want int64
+	}{
+		{"within the grant, more than it covers", t0 + 1, 9 * Milli, 5},
+		{"at the grant's end", end, 5 * Milli, 3},
+		{"just before the grant's end", end - 1, 5 * Milli, 5},
+	} {
+		s := granted
+		l.Seed(&s, Decision{Allowed: true, Remaining: 0, Reset: time.Minute.Microseconds(), At: c.at}, c.cost, true)
+		if s.Level != c.want {
+			t.Errorf("%s: %d entries kept, want %d", c.name, s.Level, c.want)
+		}
+	}
+}
