@@ -392,7 +392,7 @@ func (l *Limit) decide(s *State, now, cost int64, commit bool, sp *Span, d *Deci
 	case SlidingWindow:
 		l.slidingWindow(s, now, cost, commit, d)
 	case SlidingLog:
-		*d = l.slidingLog(s, now, cost, commit)
+		l.slidingLog(s, now, cost, commit, d)
 	default:
 		*d = Decision{Wait: Never}
 	}

@@ -255,7 +255,7 @@ func (l *Limit) windowUndo(s *State, now, cost int64, taken Decision) {
 // until At, see Limit.Grant). The ring grows with the entries, doubling up
 // to N and the grant, and halves when at most a quarter full, so that a
 // key holds memory in proportion to its events.
-func (l *Limit) slidingLog(s *State, now, cost int64, commit bool) Decision {
+func (l *Limit) slidingLog(s *State, now, cost int64, commit bool, d *Decision) {
 	n := l.Events
 	now = l.logNow(s, now)
 	g := s.Prev / Milli
@@ -267,21 +267,28 @@ func (l *Limit) slidingLog(s *State, now, cost int64, commit bool) Decision {
 			// The grant ends first: then the log must hold at most N.
 			wait = max(s.At, s.entry(s.Level+k-n-1)+l.Window) - now
 		}
-		return Decision{
+		*d = Decision{
 			Remaining: max(0, n+g-s.Level), // a log may hold more (see logNow)
 			Reset:     l.logReset(s, now),
 			Wait:      wait,
 			At:        now,
 		}
+		return
 	}
 	if commit {
 		s.resize(s.Level+k, n+g)
-		for i := int64(0); i < k; i++ {
-			s.Log[(s.Head+s.Level)%int64(len(s.Log))] = now
-			s.Level++
+		c := int64(len(s.Log))
+		i := s.Head + s.Level // where the next entry goes, before wrapping
+		for range k {
+			if i >= c {
+				i -= c
+			}
+			s.Log[i] = now
+			i++
 		}
+		s.Level += k
 	}
-	return Decision{Allowed: true, Remaining: n + g - s.Level, Reset: l.logReset(s, now), At: now}
+	*d = Decision{Allowed: true, Remaining: n + g - s.Level, Reset: l.logReset(s, now), At: now}
 }
 
 // logNow brings a sliding_log up to date with now and returns the
@@ -295,7 +302,9 @@ func (l *Limit) logNow(s *State, now int64) int64 {
 		now = max(now, s.entry(s.Level-1)) // a clock that ran backwards: no time has elapsed
 	}
 	for s.Level > 0 && s.Log[s.Head] <= now-l.Window {
-		s.Head = (s.Head + 1) % int64(len(s.Log))
+		if s.Head++; s.Head == int64(len(s.Log)) {
+			s.Head = 0
+		}
 		s.Level--
 	}
 	if s.Prev > 0 && now >= s.At {
@@ -317,9 +326,16 @@ func (l *Limit) logReset(s *State, now int64) int64 {
 	return max(0, end-now)
 }
 
-// entry is the i-th oldest entry of a sliding_log's ring.
+// entry is the i-th oldest entry of a sliding_log's ring, for i below
+// its Level (at most the ring's length): Head + i is then below twice the
+// length, and one subtraction wraps it, where a remainder would be a
+// division on every decision's path.
 func (s *State) entry(i int64) int64 {
-	return s.Log[(s.Head+i)%int64(len(s.Log))]
+	j := s.Head + i
+	if c := int64(len(s.Log)); j >= c {
+		j -= c
+	}
+	return s.Log[j]
 }
 
 // minLog is the smallest ring a sliding_log keeps once it has entries.

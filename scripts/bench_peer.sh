@@ -8,7 +8,8 @@
 #   - Tollgate's Caddy: a bare `respond` route, a memory zone allowing every
 #     request with the default ietf headers, the same zone with
 #     `headers none`, and the zone as mholt's users write it (`events 100`,
-#     `window 1s`: a sliding_log), with the default headers;
+#     `window 1s`: a sliding_log), with the default headers and with
+#     `headers none`;
 #   - mholt's Caddy: a bare `respond` route, and a zone allowing every
 #     request (mholt sends no rate-limit headers; its state is a ring of
 #     `events` times per key, so its events are kept small: 100 per second).
@@ -16,7 +17,9 @@
 # same round, and the medians over the rounds are printed last, with the
 # CPU a request each route costs its Caddy beyond its bare route.
 #
-# Usage: scripts/bench_peer.sh [seconds per route, default 3] [connections, default 64] [rounds, default 10] [keys, default 10000]
+# Usage: [PROFILE=<seconds>] scripts/bench_peer.sh [seconds per route, default 3] [connections, default 64] [rounds, default 10] [keys, default 10000]
+# With PROFILE, it ends with the handler's own CPU a request on both
+# Caddies, from CPU profiles (see the end of the script).
 # Needs Go (the module proxy must serve github.com/mholt/caddy-ratelimit
 # v0.1.0), wrk and python3.
 set -euo pipefail
@@ -62,7 +65,7 @@ EOF
 )
 
 # A site a route (see globals in benchlib.sh).
-tb=$(freeport) tm=$(freeport) tn=$(freeport) tl=$(freeport) ta=$(freeport)
+tb=$(freeport) tm=$(freeport) tn=$(freeport) tl=$(freeport) tq=$(freeport) ta=$(freeport)
 mb=$(freeport) mm=$(freeport) ma=$(freeport)
 {
 	globals "$ta"
@@ -70,6 +73,7 @@ mb=$(freeport) mm=$(freeport) ma=$(freeport)
 	site "$tm" "$(zone mem $'\t\t\trate 1000000/s')"
 	site "$tn" "$(zone memnone $'\t\t\trate 1000000/s' $'\t\theaders none')"
 	site "$tl" "$(zone memlog $'\t\t\tevents 100\n\t\t\twindow 1s')"
+	site "$tq" "$(zone memlognone $'\t\t\tevents 100\n\t\t\twindow 1s' $'\t\theaders none')"
 } >"$dir/Caddyfile.tollgate"
 {
 	globals "$ma"
@@ -99,8 +103,8 @@ run "$tpid" "$tb" >/dev/null # warm up
 run "$mpid" "$mb" >/dev/null
 
 echo "wrk -c$conns, ${secs}s per route, $nkeys keys, $rounds rounds; ratios to the same Caddy's bare route in the same round"
-routes=("$tpid $tb" "$tpid $tm" "$tpid $tn" "$tpid $tl" "$mpid $mb" "$mpid $mm")
-names=(tollgate-bare memory memory-none memory-log mholt-bare mholt)
+routes=("$tpid $tb" "$tpid $tm" "$tpid $tn" "$tpid $tl" "$tpid $tq" "$mpid $mb" "$mpid $mm")
+names=(tollgate-bare memory memory-none memory-log memory-log-none mholt-bare mholt)
 for round in $(seq "$rounds"); do
 	for i in "${!routes[@]}"; do
 		j=$(((i + round) % ${#routes[@]}))
@@ -123,6 +127,34 @@ print("medians (range) of the rounds' ratios to bare:")
 show("Tollgate memory zone, ietf headers", "memory", "tollgate-bare")
 show("Tollgate memory zone, headers none", "memory-none", "tollgate-bare")
 show("Tollgate as mholt's users write it", "memory-log", "tollgate-bare")
+show("  the same, headers none", "memory-log-none", "tollgate-bare")
 show("mholt/caddy-ratelimit v0.1.0", "mholt", "mholt-bare")
 print(f"  bare requests/s, medians: Tollgate's Caddy {statistics.median(d[r]['tollgate-bare'][0] for r in d):.0f}, mholt's Caddy {statistics.median(d[r]['mholt-bare'][0] for r in d):.0f}")
 EOF
+
+# With PROFILE=<seconds>, the handler's own CPU a request, from each
+# Caddy's CPU profile (/debug/pprof/profile on its admin endpoint) taken
+# under wrk on the zone as mholt's users write it: the samples under the
+# rate_limit handler, less those of the handlers after it (the
+# `respond`), over the requests served meanwhile. Unlike the ratios, it
+# leaves out what the machine's other work does to both Caddies.
+[ -n "${PROFILE:-}" ] || exit 0
+case $PROFILE in '' | *[!0-9]* | 0) echo "PROFILE: want a positive whole number of seconds, got $PROFILE" >&2; exit 2 ;; esac
+profile() { # name port admin-port binary handler-function
+	local out rps own
+	(sleep 1; curl -s -o "$dir/profile.cpu" "http://127.0.0.1:$3/debug/pprof/profile?seconds=$PROFILE") &
+	out=$(wrk -t2 -c"$conns" -d"$((PROFILE + 2))s" -s "$dir/keys.lua" "http://127.0.0.1:$2/")
+	wait $!
+	if grep -q 'Non-2xx' <<<"$out"; then echo "port $2: $(grep 'Non-2xx' <<<"$out")" >&2; exit 1; fi
+	rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+	own=$(go tool pprof -top -cum -nodecount=5000 -ignore 'StaticResponse' "$4" "$dir/profile.cpu" 2>/dev/null | grep -E "$5\$" | awk '{print $4}' | head -1)
+	python3 - "$1" "${own:-0s}" "$rps" "$PROFILE" <<'PY'
+import sys
+name, own, rps, secs = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+s = float(own[:-2]) / 1000 if own.endswith("ms") else float(own.rstrip("s"))
+print(f"  {name:<40} {s * 1e6 / (rps * secs):.2f} µs a request  ({own} of samples, {rps:.0f} requests/s)")
+PY
+}
+echo "the rate_limit handler's own CPU a request (${PROFILE}s profiles under wrk):"
+profile "Tollgate as mholt's users write it" "$tl" "$ta" "$dir/caddy-tollgate" '/tollgate\.\(\*Handler\)\.ServeHTTP'
+profile "mholt/caddy-ratelimit v0.1.0" "$mm" "$ma" "$dir/caddy-mholt" '/caddy-ratelimit\.Handler\.ServeHTTP'
