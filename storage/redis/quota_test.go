@@ -59,13 +59,13 @@ func TestLeaseParity(t *testing.T) {
 				name := fmt.Sprintf("lease-%s-%d", mode, li)
 				zl := s.Zone(storage.Zone{Name: name, Limit: l, Lease: true})
 				z := zl.(*zone)
-				runLeaseParity(t, rng, z, l)
+				runLeaseParity(t, c, rng, z, l)
 			})
 		}
 	}
 }
 
-func runLeaseParity(t *testing.T, rng *rand.Rand, z *zone, l algorithms.Limit) {
+func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *zone, l algorithms.Limit) {
 	t.Helper()
 	ctx := context.Background()
 	key := "k"
@@ -99,6 +99,12 @@ func runLeaseParity(t *testing.T, rng *rand.Rand, z *zone, l algorithms.Limit) {
 			if got != wantD || n != wantN || lived != wantLife {
 				t.Fatalf("step %d: lease(now=%d, cost=%d, want=%d, life=%d, ending %+v) = %+v, %d, %d; want %+v, %d, %d (Go)",
 					i, now, cost, want, life, held, got, n, lived, wantD, wantN, wantLife)
+			}
+			// A lease call writes the key once, at its end (see
+			// common.lua's staged): with the TTL its state needs.
+			if v := pttl(t, c, rkey); v == -1 || n > 0 && v < testSlack.Milliseconds()+got.Reset/1000-1000 {
+				t.Fatalf("step %d: after a lease call (Reset %dµs, leased %d), the key's PTTL is %dms, want at least %dms",
+					i, got.Reset, n, v, testSlack.Milliseconds()+got.Reset/1000-1000)
 			}
 			held = ended{}
 			if n > 0 {
@@ -625,6 +631,61 @@ func TestLeaseDemand(t *testing.T) {
 		h.note(now, 60*algorithms.Milli, life)
 		if got := h.want(now, life); (got > 0) != (i == 3) {
 			t.Errorf("after %d requests of 60 events: want() = %d, want a lease only from the 4th", i+1, got)
+		}
+	}
+}
+
+// TestLeaseCallReadsAndWritesOnce: a lease call that ends the key's lease,
+// decides a request and takes the next lease reads the key's state from
+// Redis once and writes it once (common.lua's staged), for each state's
+// shape: a hash (token_bucket, fixed_window epoch and calendar,
+// sliding_window) and a string (gcra).
+func TestLeaseCallReadsAndWritesOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	day, err := algorithms.NewCalendarLimit(500_000, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := []algorithms.Limit{
+		mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0),
+		mustLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour, 0, 0),
+		day,
+		mustLimit(t, algorithms.SlidingWindow, 1_000_000, time.Hour, 0, 0),
+		mustLimit(t, algorithms.GCRA, 1_000_000, time.Second, 0, 0),
+	}
+	for _, mode := range []string{"evalsha", "fcall"} {
+		s := newTestStore(c)
+		if mode == "fcall" {
+			withFunctions(t, s)
+		}
+		for i, l := range limits {
+			t.Run(fmt.Sprintf("%s/%s#%d", mode, l.Kind, i), func(t *testing.T) {
+				z := s.Zone(storage.Zone{Name: fmt.Sprintf("once-%s-%d", mode, i), Limit: l, Lease: true}).(*zone)
+				rkey := z.store.key("k", z.tail)
+				ctx := context.Background()
+				now := epoch + 10*ms
+				d, n, life, err := z.lease(ctx, now, rkey, amount(&l, algorithms.Milli), 100, 250*ms, ended{})
+				if err != nil || n == 0 {
+					t.Fatalf("first lease: %+v, %d, %v", d, n, err)
+				}
+				reads, writes := []string{"hmget", "get"}, []string{"hset", "set", "pexpire", "del"}
+				r0, w0 := redistest.Calls(t, c, reads...), redistest.Calls(t, c, writes...)
+				old := ended{unspent: n / 2, taken: d.At, life: life}
+				d, n, _, err = z.lease(ctx, now+ms, rkey, amount(&l, algorithms.Milli), 100, 250*ms, old)
+				if err != nil || n == 0 {
+					t.Fatalf("renewal: %+v, %d, %v", d, n, err)
+				}
+				// One read of the state, one of the reset mark (a GET).
+				r, w := redistest.Calls(t, c, reads...)-r0, redistest.Calls(t, c, writes...)-w0
+				wantW := int64(2) // HSET and PEXPIRE
+				if l.Kind == algorithms.GCRA {
+					wantW = 1 // SET ... PX
+				}
+				if r != 2 || w != wantW {
+					t.Fatalf("a renewing lease call ran %d reads and %d writes, want 2 (the state, the reset mark) and %d", r, w, wantW)
+				}
+			})
 		}
 	}
 }
