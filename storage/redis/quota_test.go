@@ -635,6 +635,92 @@ func TestLeaseDemand(t *testing.T) {
 	}
 }
 
+// TestSweepLeavesABusyKeysLeaseToItsCall: under a fake clock, a lease that
+// is over while its key is still asked for is not returned by the sweep:
+// the key's next request returns it in its own lease call (one script,
+// not two); a lease whose key is quiet is returned by the sweep, and
+// Redis then counts exactly what was admitted.
+func TestSweepLeavesABusyKeysLeaseToItsCall(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := newTestStore(c)
+	var now atomic.Int64 // the book's clock, in ns
+	s.book.clock = func() time.Duration { return time.Duration(now.Load()) }
+	s.book.wall = func() int64 { return epoch + time.Duration(now.Load()).Microseconds() } // Redis's, here
+	s.book.mu.Lock()
+	s.book.started = true // no sweeper of its own: the test sweeps
+	s.book.mu.Unlock()
+	t.Cleanup(s.book.close)
+	l := mustLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour, 0, 0)
+	zl := s.Zone(storage.Zone{Name: "sweep", Limit: l, Lease: true})
+	z := zl.(*zone)
+	ctx := context.Background()
+	at := func() time.Duration { return time.Duration(now.Load()) }
+	take := func() {
+		t.Helper()
+		v, err := s.Decide(ctx, epoch+at().Microseconds(), []Request{{Zone: zl, Key: "k", Cost: algorithms.Milli}})
+		if err != nil || v.Rejected >= 0 {
+			t.Fatalf("Decide at %s = %+v, %v", at(), v, err)
+		}
+	}
+	scripts := func() int64 { return redistest.Calls(t, c, "evalsha", "fcall", "eval") }
+	admitted := int64(0)
+	for s.Leases().Taken.Load() == 0 {
+		if admitted == 100 {
+			t.Fatal("no lease taken in 100 requests, 1 ms apart")
+		}
+		now.Add(int64(time.Millisecond))
+		take()
+		admitted++
+	}
+	// Busy until just before the lease's end (the leases that demand
+	// runs out of before theirs are renewed on the way), then a sweep
+	// just after it.
+	var end time.Duration
+	for {
+		_, left, ok := z.LeaseOf("k")
+		if !ok {
+			t.Fatalf("no lease at %s, a busy key's", at())
+		}
+		if left <= 1000 {
+			end = at() + time.Duration(left)*time.Microsecond
+			break
+		}
+		now.Add(int64(time.Millisecond))
+		take()
+		admitted++
+	}
+	taken := s.Leases().Taken.Load()
+	now.Store(int64(end + 2*time.Millisecond))
+	calls := scripts()
+	s.book.sweep(at(), nil)
+	if got := scripts() - calls; got != 0 {
+		t.Fatalf("the sweep just after the lease of a busy key ended ran %d scripts, want 0 (the key's next request returns it)", got)
+	}
+	now.Add(int64(time.Millisecond))
+	take() // a lease call: it ends the lease and takes the next
+	admitted++
+	if got := scripts() - calls; got != 1 {
+		t.Fatalf("the request after the lease's end ran %d scripts, want 1", got)
+	}
+	if got := s.Leases().Taken.Load(); got != taken+1 {
+		t.Fatalf("%d leases taken, want %d", got, taken+1)
+	}
+	// Quiet: the sweep returns the lease.
+	now.Add(int64(time.Duration(s.book.life) * time.Microsecond / 4))
+	s.book.sweep(at(), nil)
+	if _, _, ok := z.LeaseOf("k"); ok {
+		t.Fatal("a quiet key's lease is still held after a sweep")
+	}
+	d, _, err := z.Peek(ctx, "k", epoch+at().Microseconds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := d.Remaining, l.Events-admitted; got != want {
+		t.Fatalf("Redis has %d left after %d admitted and every lease returned, want %d", got, admitted, want)
+	}
+}
+
 // TestLeaseCallReadsAndWritesOnce: a lease call that ends the key's lease,
 // decides a request and takes the next lease reads the key's state from
 // Redis once and writes it once (common.lua's staged), for each state's
