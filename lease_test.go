@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -89,7 +90,7 @@ func untilRefused(t *testing.T, tester *caddytest.Tester, key string, clients, r
 }
 
 // windowCount is the count a fixed_window key holds on Redis, in events.
-func windowCount(t *testing.T, c *goredis.Client, rkey string) int64 {
+func windowCount(t *testing.T, c goredis.UniversalClient, rkey string) int64 {
 	t.Helper()
 	v, err := c.HGet(context.Background(), rkey, "level").Int64()
 	if err != nil && err != goredis.Nil {
@@ -107,12 +108,35 @@ func windowCount(t *testing.T, c *goredis.Client, rkey string) int64 {
 func TestLeasesThroughCaddy(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
+	calls := func(t *testing.T) int64 { return redistest.Calls(t, c, "fcall", "evalsha") }
 	for _, lease := range []string{"on", "off"} {
-		t.Run("lease="+lease, func(t *testing.T) { leasesThroughCaddy(t, c, srv.Addr, lease) })
+		t.Run("lease="+lease, func(t *testing.T) { leasesThroughCaddy(t, c, srv.Addr, lease, calls) })
 	}
 }
 
-func leasesThroughCaddy(t *testing.T, c *goredis.Client, addr, lease string) {
+// TestLeasesThroughCaddyOnCluster is TestLeasesThroughCaddy's leased run
+// on a Redis Cluster of three masters (the lease call's two keys, the
+// key and its reset mark, share the key's slot): never over, the leases
+// back once the load stops, most decisions made from leases.
+func TestLeasesThroughCaddyOnCluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	var nodes []*goredis.Client
+	for _, s := range cluster.Servers {
+		nodes = append(nodes, s.Client())
+	}
+	calls := func(t *testing.T) (n int64) {
+		for _, c := range nodes {
+			n += redistest.Calls(t, c, "fcall", "evalsha")
+		}
+		return n
+	}
+	leasesThroughCaddy(t, cluster.Client(), strings.Join(cluster.Addrs, " "), "on", calls)
+}
+
+// leasesThroughCaddy runs TestLeasesThroughCaddy on the Redis at addr
+// (addresses, as the Caddyfile takes them), whose client is c, and whose
+// scripts run calls counts.
+func leasesThroughCaddy(t *testing.T, c goredis.UniversalClient, addr, lease string, scripts func(*testing.T) int64) {
 	const n = 6000
 	tester := caddytest.NewTester(t)
 	tester.InitServer(leasedInstances(addr, fmt.Sprintf("algorithm fixed_window\n\t\t\t\tevents %d\n\t\t\t\twindow 1h\n\t\t\t\tlease %s", n, lease)), "caddyfile")
@@ -121,7 +145,7 @@ func leasesThroughCaddy(t *testing.T, c *goredis.Client, addr, lease string) {
 	hour := func() int64 { return time.Now().Unix() / 3600 }
 	start := hour()
 
-	calls := redistest.Calls(t, c, "fcall", "evalsha")
+	calls := scripts(t)
 	decisions0 := scrape(t)["caddy_http_rate_limit_lease_decisions_total"]
 	var admitted int64
 	for round := 0; ; round++ {
@@ -157,7 +181,7 @@ func leasesThroughCaddy(t *testing.T, c *goredis.Client, addr, lease string) {
 		t.Fatalf("admitted %d, more than the limit %d", admitted, n)
 	}
 	// Every request refused is a round trip, but most admitted are not.
-	calls = redistest.Calls(t, c, "fcall", "evalsha") - calls
+	calls = scripts(t) - calls
 	t.Logf("%d scripts run on Redis for %d admitted", calls, admitted)
 	// The metrics count the decisions made from leases.
 	m := scrape(t)

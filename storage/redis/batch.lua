@@ -20,6 +20,7 @@
 -- decision that raised an error: the caller runs that one again on its
 -- own to learn the error. A decision's error stops no other decision.
 local out, n, server = {}, 0, nil
+staged = nil -- see common.lua
 
 -- num is tonumber, remembered for the call: the decisions of one zone pass
 -- the same constants, and a table lookup costs a fraction of tonumber.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	"github.com/caddy-tollgate/tollgate/storage"
 )
 
 // benchKeys is how many keys the benchmarks spread their decisions over.
@@ -126,4 +128,136 @@ func benchCallers(b *testing.B, callers int, decide func(ctx context.Context, ke
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+}
+
+// BenchmarkLeaseCallRedisCPU measures what a quota lease call (single.lua's
+// op 'q', renewing: it ends the key's previous lease, decides the request
+// and takes a new lease) costs Redis, beside a plain decision of the same
+// zone (op 't'): Redis's CPU time per call (INFO cpu, user + sys: the
+// script and the command's reading and answering), on a token_bucket of
+// 1,000,000/s (scripts/bench_leases.sh's zone) over 100 keys, one call at
+// a time, by FCALL (functions=true, as production once the library is
+// loaded) and by EVALSHA. Run it with -benchtime 20000x or so: each call is
+// a round trip.
+func BenchmarkLeaseCallRedisCPU(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, functions := range []bool{true, false} {
+		for _, op := range []string{"take", "lease"} {
+			b.Run(fmt.Sprintf("functions=%t/op=%s", functions, op), func(b *testing.B) {
+				c := benchClient(b, srv, 1)
+				s := New(c, DefaultPrefix)
+				if functions {
+					withFunctions(b, s)
+				}
+				l := mustLimit(b, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0)
+				zl := s.Zone(storage.Zone{Name: "bench-lease-" + op, Limit: l, Lease: true})
+				z := zl.(*zone)
+				ctx := context.Background()
+				const keys = 100
+				held := make([]ended, keys)
+				life := DefaultLeaseLife.Microseconds()
+				call := func(i int) {
+					k := i % keys
+					if op == "take" {
+						if _, err := zl.Take(ctx, "client-"+strconv.Itoa(k), 0, algorithms.Milli); err != nil {
+							b.Fatal(err)
+						}
+						return
+					}
+					rkey := s.key("client-"+strconv.Itoa(k), z.tail)
+					d, n, lived, err := z.lease(ctx, 0, rkey, amount(&l, algorithms.Milli), 440, life, held[k])
+					if err != nil || n == 0 {
+						b.Fatalf("lease: %+v, %d, %v", d, n, err)
+					}
+					// Nothing spent: each renewal gives the lease back
+					// whole, so that the bucket never runs dry however
+					// long the run (a lease half spent every few ms
+					// drains it: the lease then fails).
+					held[k] = ended{unspent: n, taken: d.At, life: lived}
+				}
+				for i := range keys {
+					call(i)
+				}
+				cpu0 := redisCPU(b, c)
+				b.ResetTimer()
+				for i := range b.N {
+					call(i)
+				}
+				b.StopTimer()
+				b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(b.N), "redis-cpu-µs/call")
+			})
+		}
+	}
+}
+
+// redisCPU returns the CPU time the server has used, user and system, in
+// seconds (INFO cpu).
+func redisCPU(b *testing.B, c *goredis.Client) float64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), name); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				sum += x
+			}
+		}
+	}
+	return sum
+}
+
+// BenchmarkLeasedHotKeys decides requests on 100 hot keys (one at random a
+// request) of a token_bucket of 1,000,000/s from 64 callers on a pipelined
+// store with functions, leases on and off, and reports Redis's CPU time a
+// decision (INFO cpu) and the scripts Redis ran a decision; with -v it logs
+// every command Redis ran (INFO commandstats) and how long each took.
+func BenchmarkLeasedHotKeys(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, lease := range []bool{true, false} {
+		b.Run(fmt.Sprintf("lease=%t", lease), func(b *testing.B) {
+			c := benchClient(b, srv, 64)
+			s := NewPipelined(benchClient(b, srv, 64), DefaultPrefix)
+			defer s.Close()
+			withFunctions(b, s)
+			l := mustLimit(b, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0)
+			zl := s.Zone(storage.Zone{Name: fmt.Sprintf("hot-%t", lease), Limit: l, Lease: lease})
+			ctx := context.Background()
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			cpu0 := redisCPU(b, c)
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for g := range 64 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(g), 2))
+					for next.Add(1) <= int64(b.N) {
+						key := "client-" + strconv.Itoa(rng.IntN(100))
+						if _, err := s.Decide(ctx, time.Now().UnixMicro(), []Request{{Zone: zl, Key: key, Cost: algorithms.Milli}}); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric((redisCPU(b, c)-cpu0)*1e6/float64(b.N), "redis-cpu-µs/decision")
+			info, err := c.Info(ctx, "commandstats").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Logf("N=%d leases taken %d returned %d expired %d from leases %d\n%s", b.N, s.Leases().Taken.Load(), s.Leases().Returned.Load(),
+				s.Leases().Expired.Load(), s.Leases().Decisions.Load(), info)
+		})
+	}
 }

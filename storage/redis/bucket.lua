@@ -61,7 +61,7 @@ end
 local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 	local commit, write, never = mode(op)
 	local raw = now
-	local s = redis.call('HMGET', key, 'at', 'level')
+	local s = hget(key, 'at', 'level')
 	if op == 'p' and not s[1] then
 		return nil
 	end

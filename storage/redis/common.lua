@@ -131,16 +131,167 @@ local function ttl(reset, held)
 	return quo(reset + held + 999, 1000) + slack
 end
 
+-- staged holds, while a lease call runs (single.lua's op 'q'), the state
+-- of its key as its steps leave it: the lease's end, the request's take
+-- and the lease's debit are each a decision function's call, and each
+-- reads the state the one before wrote, from here; the key is read from
+-- Redis once and written once, by commit, instead of once a step (a
+-- lease call cost Redis about three decisions' time). nil otherwise: the
+-- decision functions read and write Redis at once. Each main part sets it
+-- to nil first: a function library keeps it between calls, and a call that
+-- failed half-way must not leave it to the next.
+--
+-- staged[key] is a hash key's {f = {field = value, or false for none},
+-- dirty = {the fields written, in order}, del = the key was deleted
+-- first, ms = its TTL}, or a string key's (gcra's) {str = true, s = value
+-- or false for none, ms = its TTL, dirty = written}; staged[1], staged[2],
+-- ... are the keys, in the order they were first met.
+local staged = nil
+
+-- hget is HMGET of a hash key's fields, from staged if it holds the key.
+local function hget(key, ...)
+	if not staged then
+		return redis.call('HMGET', key, ...)
+	end
+	local st = staged[key]
+	local n = select('#', ...)
+	if not st then
+		local v = redis.call('HMGET', key, ...)
+		st = {f = {}, dirty = {}, del = false}
+		for i = 1, n do
+			st.f[select(i, ...)] = v[i]
+		end
+		staged[key] = st
+		staged[#staged + 1] = key
+		return v
+	end
+	local v = {}
+	for i = 1, n do
+		local name = select(i, ...)
+		local x = st.f[name]
+		if x == nil then
+			-- Neither read nor written yet: Redis holds it, unless the
+			-- key was deleted since.
+			x = false
+			if not st.del then
+				x = redis.call('HMGET', key, name)[1]
+			end
+			st.f[name] = x
+		end
+		v[i] = x
+	end
+	return v
+end
+
 -- save writes a hash state that is fresh again in reset µs, or deletes the
--- key when it is fresh already.
+-- key when it is fresh already (into staged, if it is on).
 local function save(key, reset, held, ...)
 	local ms = ttl(reset, held)
+	if staged then
+		local st = staged[key]
+		if not st then
+			st = {f = {}, dirty = {}, del = false}
+			staged[key] = st
+			staged[#staged + 1] = key
+		end
+		if ms <= 0 then
+			st.f, st.dirty, st.del, st.ms = {}, {}, true, nil
+			return
+		end
+		for i = 1, select('#', ...), 2 do
+			local name, x = select(i, ...)
+			if not st.dirty[name] then
+				st.dirty[#st.dirty + 1] = name
+				st.dirty[name] = true
+			end
+			st.f[name] = x
+		end
+		st.ms = ms
+		return
+	end
 	if ms <= 0 then
 		redis.call('DEL', key)
 		return
 	end
 	redis.call('HSET', key, ...)
 	redis.call('PEXPIRE', key, ms)
+end
+
+-- sget is GET of a string key, from staged if it holds the key.
+local function sget(key)
+	if not staged then
+		return redis.call('GET', key)
+	end
+	local st = staged[key]
+	if not st then
+		st = {str = true, s = redis.call('GET', key), dirty = false}
+		staged[key] = st
+		staged[#staged + 1] = key
+	end
+	return st.s
+end
+
+-- sput sets a string key to v for ms, or deletes it if ms <= 0 (into
+-- staged, if it is on).
+local function sput(key, v, ms)
+	if staged then
+		local st = staged[key]
+		if not st then
+			st = {str = true}
+			staged[key] = st
+			staged[#staged + 1] = key
+		end
+		st.dirty = true
+		if ms <= 0 then
+			st.s, st.ms = false, nil
+		else
+			st.s, st.ms = v, ms
+		end
+		return
+	end
+	if ms <= 0 then
+		redis.call('DEL', key)
+		return
+	end
+	redis.call('SET', key, v, 'PX', ms)
+end
+
+-- stage starts staging (see staged).
+local function stage()
+	staged = {}
+end
+
+-- commit writes what staged holds to Redis and stops staging: each key
+-- once, as the last step left it.
+local function commit()
+	local s = staged
+	staged = nil
+	for _, key in ipairs(s) do
+		local st = s[key]
+		if st.str then
+			if st.dirty then
+				if st.s then
+					redis.call('SET', key, st.s, 'PX', st.ms)
+				else
+					redis.call('DEL', key)
+				end
+			end
+		else
+			if st.del then
+				redis.call('DEL', key)
+			end
+			local n = #st.dirty
+			if n > 0 then
+				local args = {}
+				for i = 1, n do
+					local name = st.dirty[i]
+					args[2 * i - 1], args[2 * i] = name, st.f[name]
+				end
+				redis.call('HSET', key, unpack(args))
+				redis.call('PEXPIRE', key, st.ms)
+			end
+		end
+	end
 end
 
 -- roll brings a window state up to date with now, as Limit.roll does:

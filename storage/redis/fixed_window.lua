@@ -68,7 +68,7 @@ local function fixedwindow(key, op, now, x, ta, _, w, limit)
 		op, x = 'u', x * 1000 -- Limit.LeaseEnd: x unspent events
 	end
 	local raw = now
-	local s = redis.call('HMGET', key, 'at', 'level', 'grant')
+	local s = hget(key, 'at', 'level', 'grant')
 	if op == 'p' and not s[1] then
 		return nil
 	end
@@ -107,7 +107,7 @@ local function fixedperiod(key, op, now, x, ta, _, s0, limit, s1, s2)
 		op, x = 'u', x * 1000 -- Limit.LeaseEnd: x unspent events
 	end
 	local raw = now
-	local s = redis.call('HMGET', key, 'at', 'level', 'grant', 'end')
+	local s = hget(key, 'at', 'level', 'grant', 'end')
 	if op == 'p' and not s[1] then
 		return nil
 	end

@@ -4,7 +4,7 @@
 -- x = inc(cost) in ticks; c1 tau, c2 unit, c4 scale (after bucket.lua).
 local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 	local commit, _, never = mode(op)
-	local v = redis.call('GET', key)
+	local v = sget(key)
 	if op == 'p' and not v then
 		return nil
 	end
@@ -32,15 +32,15 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 	local function store(newdebt)
 		local ms = ttl(micros(newdebt, scale), 0)
 		if ms <= 0 then
-			redis.call('DEL', key)
+			sput(key, nil, 0)
 			return
 		end
 		local t = now + quo(newdebt, scale)
 		local f = newdebt - quo(newdebt, scale) * scale
 		if f == 0 then
-			redis.call('SET', key, t, 'PX', ms)
+			sput(key, t, ms)
 		else
-			redis.call('SET', key, int(t) .. ':' .. int(f), 'PX', ms)
+			sput(key, int(t) .. ':' .. int(f), ms)
 		end
 	end
 

@@ -31,6 +31,7 @@
 local what = ARGV[1]
 local now = clock(ARGV[2])
 slack = tonumber(ARGV[3])
+staged = nil -- see common.lua
 
 local per = 11
 local zones = (#ARGV - 3) / per

@@ -37,8 +37,8 @@ import (
 // rates, so that this instance stops spending before Redis's view of the
 // lease is over. What is left goes back when the key's next lease is
 // taken, or when the sweeper (one goroutine a store, every LeaseLife/4)
-// finds the lease over or the key quiet for a quarter of a life, on
-// Close, and when the zone closes (a reload). A return whose call fails
+// finds the key quiet for a quarter of a life or the lease over for as
+// long (see sweep), on Close, and when the zone closes (a reload). A return whose call fails
 // is not tried again (it may have been applied; applying it twice would
 // mint quota): that lease is lost, which errs towards refusing.
 //
@@ -507,10 +507,19 @@ func (b *book) loop(stop, done chan struct{}) {
 	}
 }
 
-// sweep returns, at t, the leases that are over or whose keys are quiet
-// (a quarter of a life without a decision), all of them if only is
-// everything, or those of zone only; and forgets the keys that hold none
-// and were not asked for in two lives.
+// sweep returns, at t, the leases whose keys are quiet (a quarter of a
+// life without a decision) or that have been over for a quarter of a
+// life, all of them if only is everything, or those of zone only; and
+// forgets the keys that hold none and were not asked for in two lives.
+//
+// A lease that is over while its key is still asked for is left to the
+// key's next request: its lease call ends it and takes the next one, in
+// one call, where a return of the sweep's own would be a second. (Left to
+// the sweep, it would be: a lease lives about four sweeps, so a lease
+// the sweep returned is renewed just after a sweep and over just before
+// the fourth one after, and the sweep would take most of a busy key's
+// leases.) The quarter of a life past its end is for a key still asked
+// for that is no longer hot (no lease call comes).
 func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 	quiet := time.Duration(b.life) * time.Microsecond / 4
 	var due []*keyLease
@@ -524,7 +533,7 @@ func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 			h.mu.Lock()
 			switch {
 			case h.fetching:
-			case h.n > 0 && (only != nil && only(h.z) || only == nil && (t >= h.end || t-h.used >= quiet)):
+			case h.n > 0 && (only != nil && only(h.z) || only == nil && (t-h.used >= quiet || t >= h.end+quiet)):
 				start := h.start
 				e := h.detach()
 				due, zones, ends, starts = append(due, h), append(zones, h.z), append(ends, e), append(starts, start)

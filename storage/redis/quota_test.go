@@ -59,13 +59,13 @@ func TestLeaseParity(t *testing.T) {
 				name := fmt.Sprintf("lease-%s-%d", mode, li)
 				zl := s.Zone(storage.Zone{Name: name, Limit: l, Lease: true})
 				z := zl.(*zone)
-				runLeaseParity(t, rng, z, l)
+				runLeaseParity(t, c, rng, z, l)
 			})
 		}
 	}
 }
 
-func runLeaseParity(t *testing.T, rng *rand.Rand, z *zone, l algorithms.Limit) {
+func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *zone, l algorithms.Limit) {
 	t.Helper()
 	ctx := context.Background()
 	key := "k"
@@ -99,6 +99,12 @@ func runLeaseParity(t *testing.T, rng *rand.Rand, z *zone, l algorithms.Limit) {
 			if got != wantD || n != wantN || lived != wantLife {
 				t.Fatalf("step %d: lease(now=%d, cost=%d, want=%d, life=%d, ending %+v) = %+v, %d, %d; want %+v, %d, %d (Go)",
 					i, now, cost, want, life, held, got, n, lived, wantD, wantN, wantLife)
+			}
+			// A lease call writes the key once, at its end (see
+			// common.lua's staged): with the TTL its state needs.
+			if v := pttl(t, c, rkey); v == -1 || n > 0 && v < testSlack.Milliseconds()+got.Reset/1000-1000 {
+				t.Fatalf("step %d: after a lease call (Reset %dµs, leased %d), the key's PTTL is %dms, want at least %dms",
+					i, got.Reset, n, v, testSlack.Milliseconds()+got.Reset/1000-1000)
 			}
 			held = ended{}
 			if n > 0 {
@@ -625,6 +631,147 @@ func TestLeaseDemand(t *testing.T) {
 		h.note(now, 60*algorithms.Milli, life)
 		if got := h.want(now, life); (got > 0) != (i == 3) {
 			t.Errorf("after %d requests of 60 events: want() = %d, want a lease only from the 4th", i+1, got)
+		}
+	}
+}
+
+// TestSweepLeavesABusyKeysLeaseToItsCall: under a fake clock, a lease that
+// is over while its key is still asked for is not returned by the sweep:
+// the key's next request returns it in its own lease call (one script,
+// not two); a lease whose key is quiet is returned by the sweep, and
+// Redis then counts exactly what was admitted.
+func TestSweepLeavesABusyKeysLeaseToItsCall(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := newTestStore(c)
+	var now atomic.Int64 // the book's clock, in ns
+	s.book.clock = func() time.Duration { return time.Duration(now.Load()) }
+	s.book.wall = func() int64 { return epoch + time.Duration(now.Load()).Microseconds() } // Redis's, here
+	s.book.mu.Lock()
+	s.book.started = true // no sweeper of its own: the test sweeps
+	s.book.mu.Unlock()
+	t.Cleanup(s.book.close)
+	l := mustLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour, 0, 0)
+	zl := s.Zone(storage.Zone{Name: "sweep", Limit: l, Lease: true})
+	z := zl.(*zone)
+	ctx := context.Background()
+	at := func() time.Duration { return time.Duration(now.Load()) }
+	take := func() {
+		t.Helper()
+		v, err := s.Decide(ctx, epoch+at().Microseconds(), []Request{{Zone: zl, Key: "k", Cost: algorithms.Milli}})
+		if err != nil || v.Rejected >= 0 {
+			t.Fatalf("Decide at %s = %+v, %v", at(), v, err)
+		}
+	}
+	scripts := func() int64 { return redistest.Calls(t, c, "evalsha", "fcall", "eval") }
+	admitted := int64(0)
+	for s.Leases().Taken.Load() == 0 {
+		if admitted == 100 {
+			t.Fatal("no lease taken in 100 requests, 1 ms apart")
+		}
+		now.Add(int64(time.Millisecond))
+		take()
+		admitted++
+	}
+	// Busy until just before the lease's end (the leases that demand
+	// runs out of before theirs are renewed on the way), then a sweep
+	// just after it.
+	var end time.Duration
+	for {
+		_, left, ok := z.LeaseOf("k")
+		if !ok {
+			t.Fatalf("no lease at %s, a busy key's", at())
+		}
+		if left <= 1000 {
+			end = at() + time.Duration(left)*time.Microsecond
+			break
+		}
+		now.Add(int64(time.Millisecond))
+		take()
+		admitted++
+	}
+	taken := s.Leases().Taken.Load()
+	now.Store(int64(end + 2*time.Millisecond))
+	calls := scripts()
+	s.book.sweep(at(), nil)
+	if got := scripts() - calls; got != 0 {
+		t.Fatalf("the sweep just after the lease of a busy key ended ran %d scripts, want 0 (the key's next request returns it)", got)
+	}
+	now.Add(int64(time.Millisecond))
+	take() // a lease call: it ends the lease and takes the next
+	admitted++
+	if got := scripts() - calls; got != 1 {
+		t.Fatalf("the request after the lease's end ran %d scripts, want 1", got)
+	}
+	if got := s.Leases().Taken.Load(); got != taken+1 {
+		t.Fatalf("%d leases taken, want %d", got, taken+1)
+	}
+	// Quiet: the sweep returns the lease.
+	now.Add(int64(time.Duration(s.book.life) * time.Microsecond / 4))
+	s.book.sweep(at(), nil)
+	if _, _, ok := z.LeaseOf("k"); ok {
+		t.Fatal("a quiet key's lease is still held after a sweep")
+	}
+	d, _, err := z.Peek(ctx, "k", epoch+at().Microseconds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := d.Remaining, l.Events-admitted; got != want {
+		t.Fatalf("Redis has %d left after %d admitted and every lease returned, want %d", got, admitted, want)
+	}
+}
+
+// TestLeaseCallReadsAndWritesOnce: a lease call that ends the key's lease,
+// decides a request and takes the next lease reads the key's state from
+// Redis once and writes it once (common.lua's staged), for each state's
+// shape: a hash (token_bucket, fixed_window epoch and calendar,
+// sliding_window) and a string (gcra).
+func TestLeaseCallReadsAndWritesOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	day, err := algorithms.NewCalendarLimit(500_000, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := []algorithms.Limit{
+		mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0),
+		mustLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour, 0, 0),
+		day,
+		mustLimit(t, algorithms.SlidingWindow, 1_000_000, time.Hour, 0, 0),
+		mustLimit(t, algorithms.GCRA, 1_000_000, time.Second, 0, 0),
+	}
+	for _, mode := range []string{"evalsha", "fcall"} {
+		s := newTestStore(c)
+		if mode == "fcall" {
+			withFunctions(t, s)
+		}
+		for i, l := range limits {
+			t.Run(fmt.Sprintf("%s/%s#%d", mode, l.Kind, i), func(t *testing.T) {
+				z := s.Zone(storage.Zone{Name: fmt.Sprintf("once-%s-%d", mode, i), Limit: l, Lease: true}).(*zone)
+				rkey := z.store.key("k", z.tail)
+				ctx := context.Background()
+				now := epoch + 10*ms
+				d, n, life, err := z.lease(ctx, now, rkey, amount(&l, algorithms.Milli), 100, 250*ms, ended{})
+				if err != nil || n == 0 {
+					t.Fatalf("first lease: %+v, %d, %v", d, n, err)
+				}
+				reads, writes := []string{"hmget", "get"}, []string{"hset", "set", "pexpire", "del"}
+				r0, w0 := redistest.Calls(t, c, reads...), redistest.Calls(t, c, writes...)
+				old := ended{unspent: n / 2, taken: d.At, life: life}
+				d, n, _, err = z.lease(ctx, now+ms, rkey, amount(&l, algorithms.Milli), 100, 250*ms, old)
+				if err != nil || n == 0 {
+					t.Fatalf("renewal: %+v, %d, %v", d, n, err)
+				}
+				// One read of the state, one of the reset mark (a GET).
+				r, w := redistest.Calls(t, c, reads...)-r0, redistest.Calls(t, c, writes...)-w0
+				wantW := int64(2) // HSET and PEXPIRE
+				if l.Kind == algorithms.GCRA {
+					wantW = 1 // SET ... PX
+				}
+				if r != 2 || w != wantW {
+					t.Fatalf("a renewing lease call ran %d reads and %d writes, want 2 (the state, the reset mark) and %d", r, w, wantW)
+				}
+			})
 		}
 	}
 }

@@ -37,6 +37,7 @@
 -- excess settled ('o') for a charge made before it (the reset forgave it). The mark
 -- is kept as long as a charge counts (storage.Horizon).
 slack = tonumber(ARGV[3])
+staged = nil -- see common.lua
 local op = ARGV[1]
 if op == 'g' and KEYS[2] then
 	if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', tonumber(ARGV[12]) + slack) then
@@ -48,6 +49,9 @@ if op == 'q' then
 	local code = ARGV[7]
 	local f = algs[code]
 	local c1, c2, c3, c4 = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+	-- Its steps (end, take, debit) read and write the key through staged:
+	-- one read and one write in all.
+	stage()
 	local taken = tonumber(ARGV[13])
 	if taken > 0 then
 		local mark = KEYS[2] and tonumber(redis.call('GET', KEYS[2]))
@@ -59,6 +63,7 @@ if op == 'q' then
 	local want, life = tonumber(ARGV[5]), tonumber(ARGV[6])
 	d[7], d[8] = 0, 0
 	if d[1] ~= 1 or want <= 0 or life <= 0 then
+		commit()
 		return d
 	end
 	local window = code == 'fw' or code == 'fc' or code == 'sw'
@@ -70,6 +75,7 @@ if op == 'q' then
 	end
 	local n = math.min(want, quo(math.max(room, 0), 8))
 	if n < 2 then
+		commit()
 		return d
 	end
 	local debit = n * 1000
@@ -77,6 +83,7 @@ if op == 'q' then
 		debit = n * c2 + life * c4
 	end
 	local after = f(KEYS[1], 't', d[6], debit, 0, 0, c1, c2, c3, c4)
+	commit()
 	if after[1] ~= 1 then
 		return d
 	end

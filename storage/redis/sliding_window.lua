@@ -38,7 +38,7 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	end
 	local commit, write, never = mode(op)
 	local raw = now
-	local s = redis.call('HMGET', key, 'at', 'level', 'prev', 'grant')
+	local s = hget(key, 'at', 'level', 'prev', 'grant')
 	if op == 'p' and not s[1] then
 		return nil
 	end
