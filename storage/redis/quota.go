@@ -118,9 +118,12 @@ type keyLease struct {
 	// Redis's µs taken, living life µs; spent until end on the book's
 	// clock, sent at start; reset the decision's Reset when taken.
 	n, left, taken, life, reset int64
-	start, end                  time.Duration
-	fetching                    bool          // a lease call is out
-	done                        chan struct{} // closed when it is back
+	// room: what the key had left, in events, when the lease was taken
+	// (the lease is at most an eighth of it: docs/redis.md's bound).
+	room       int64
+	start, end time.Duration
+	fetching   bool          // a lease call is out
+	done       chan struct{} // closed when it is back
 }
 
 func newBook(s *Store) *book {
@@ -389,7 +392,7 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 	close(h.done)
 	h.done = nil
 	if err == nil && n > 0 {
-		h.n, h.left, h.taken, h.life, h.reset = n, n*algorithms.Milli, d.At, life, d.Reset
+		h.n, h.left, h.taken, h.life, h.reset, h.room = n, n*algorithms.Milli, d.At, life, d.Reset, d.Remaining
 		h.start = t
 		h.end = t + time.Duration(life-life/32)*time.Microsecond
 	}
