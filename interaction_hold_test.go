@@ -43,11 +43,7 @@ type ixSettled struct {
 // admits, held across a reload, or (Redis) a kill or a freeze.
 func ixGenerateSettle(rng *rand.Rand, s ixStep, redis bool) ixStep {
 	s.kind = "settle"
-	paths := []string{"/login", "/cost", "/llm"}
-	if !ixLLM {
-		paths = paths[:2]
-	}
-	s.path = paths[rng.Intn(len(paths))]
+	s.path = []string{"/login", "/cost", "/llm"}[rng.Intn(3)]
 	faults := []string{"reload"}
 	if redis {
 		faults = []string{"reload", "kill", "freeze"}

@@ -30,6 +30,8 @@ import (
 	"github.com/caddy-tollgate/tollgate/internal/adminapi"
 	"github.com/caddy-tollgate/tollgate/internal/redistest"
 	redisstore "github.com/caddy-tollgate/tollgate/storage/redis"
+	"github.com/caddy-tollgate/tollgate/storage/shared"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // The interaction test: one configuration holding zones of every kind (a
@@ -174,20 +176,7 @@ var ixKolkata = func() *time.Location {
 	return l
 }()
 
-// ixLLM: requests to ix_llm (/llm) only with TOLLGATE_INTERACT_LLM set.
-// A CI run found its bucket bound passed (seed 1795819373862162167,
-// step 106: cost 18 admitted in 11.7 ms, at most 15), not yet explained
-// (a fault of the zone or of the model's accounting): until it is, the
-// default run leaves the zone out so that it does not fail at random.
-var ixLLM = os.Getenv("TOLLGATE_INTERACT_LLM") != ""
-
-var ixPaths = func() []string {
-	p := []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login", "/cost", "/day", "/lease"}
-	if ixLLM {
-		p = append(p, "/llm")
-	}
-	return p
-}()
+var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login", "/cost", "/day", "/lease", "/llm"}
 
 // ixGrantZones are the zones a grant step grants in: those with grants.
 var ixGrantZones = func() (names []string) {
@@ -684,6 +673,12 @@ type ixRun struct {
 	// steps, excused the settlements a freeze may have lost.
 	settled          []ixSettled
 	settles, excused int
+	// hiccupBase is ixHiccups at the start of the step; hiccups counts
+	// the steps in which Redis answered a call too late though the test
+	// did not stop it (see excuseHiccup).
+	hiccupBase float64
+	hiccups    int
+	stalls     bool // Redis stalls now and then, unannounced (see ixStalls)
 	took             map[string]time.Duration // by step kind, for the log
 	redisDir         string                   // where Redis keeps its append-only file
 	// leaseResets are when the keys of a lease zone were last reset, and
@@ -847,12 +842,63 @@ func (r *ixRun) record(s ixStep, step int, code int) {
 			}
 		}
 	case 503:
-		if !(r.outage && s.path == "/gcra") {
+		if !((r.outage || r.hiccup()) && s.path == "/gcra") {
 			r.failf("step %d: %s: 503 (Redis answering: %v)", step, s, !r.outage)
 		}
 	default:
 		r.failf("step %d: %s: status %d", step, s, code)
 	}
+}
+
+// ixHiccups counts, over the process, what a Redis that answers a call
+// after its timeout (a stall the test did not cause: -race on a loaded
+// machine) leaves behind: decisions a zone made without Redis (its
+// storage_error results: on_storage_error local decided alone, deny
+// answered 503) and settlements kept until Redis hears them (applied,
+// pending or dropped, so that one applied later does not count again).
+func ixHiccups() float64 {
+	var n float64
+	for _, z := range ixZones {
+		var m dto.Metric
+		if rateLimitMetrics.requests.WithLabelValues(z.name, resultStorageError).Write(&m) == nil {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	pending, applied, dropped := shared.Settlements()
+	return n + float64(pending+applied+dropped)
+}
+
+// stalled reports whether an admin call's status code is a stall's (see
+// ixStalls), which the run caused but did not announce: the call may or
+// may not have reached Redis, and the checker allows either.
+func (r *ixRun) stalled(code int) bool {
+	return r.stalls && !r.outage && code == http.StatusServiceUnavailable
+}
+
+// hiccup reports whether, in the step running, Redis failed a call
+// though the test neither stopped nor paused it.
+func (r *ixRun) hiccup() bool {
+	return r.srv != nil && ixHiccups() != r.hiccupBase
+}
+
+// excuseHiccup treats the admissions of the groups after g0, made in step
+// while Redis answered late, as an outage's: those of a zone that decided
+// alone went on from its local copy, and a settlement kept for later
+// reaches Redis after the admissions that follow it (docs/reference.md's
+// bound counts its excess, which the checker's shared history, owing only
+// the last group's, does not). Each instance's are checked as a local
+// copy's are.
+func (r *ixRun) excuseHiccup(g0, step int) {
+	r.hiccups++
+	for id, adm := range r.admitted {
+		for j := range adm {
+			if adm[j].group > g0 && !adm[j].outage {
+				adm[j].outage, adm[j].outageN = true, -1-step
+			}
+		}
+		r.admitted[id] = adm
+	}
+	r.t.Logf("step %d: Redis answered a call too late (a stall the test did not cause): its admissions are checked as an outage's", step)
 }
 
 func contains(list []string, s string) bool {
@@ -1011,20 +1057,20 @@ func (r *ixRun) reset(zone string, k int, step int) {
 		// A key per model: each is reset, and forgotten alone.
 		for _, m := range []string{"m1", "m2"} {
 			code := r.admin(http.MethodDelete, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key+"-"+m))
-			if code != 200 && code != 404 && !(r.outage && code == 503) {
+			if code != 200 && code != 404 && !((r.outage || r.stalls) && code == 503) {
 				r.failf("step %d: reset %s %s: status %d", step, zone, key+"-"+m, code)
 			}
-			if code == 200 || code == 404 {
+			if code == 200 || code == 404 || r.stalled(code) {
 				delete(r.admitted, zone+"|"+key+"|"+m)
 			}
 		}
 		return
 	}
 	code := r.admin(http.MethodDelete, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key))
-	if code != 200 && code != 404 && !(r.outage && code == 503) {
+	if code != 200 && code != 404 && !((r.outage || r.stalls) && code == 503) {
 		r.failf("step %d: reset %s %s: status %d", step, zone, key, code)
 	}
-	if code == 200 || code == 404 {
+	if code == 200 || code == 404 || r.stalled(code) {
 		if ixZoneNamed(zone).lease {
 			if r.leaseResets == nil {
 				r.leaseResets = map[string]int64{}
@@ -1049,11 +1095,16 @@ func (r *ixRun) grant(zone string, k, n int, step int) bool {
 	key := r.key(k)
 	from := r.now()
 	code := r.adminBody(http.MethodPost, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key)+"/grant", fmt.Sprintf(`{"amount": %d}`, n))
+	id := zone + "|" + key
+	if r.stalled(code) {
+		// Perhaps granted: the checker allows it.
+		r.grants[id] = append(r.grants[id], ixGrant{from: from, to: r.now(), amount: int64(n)})
+		return false
+	}
 	if code != 200 {
 		r.failf("step %d: grant %s %s %d: status %d", step, zone, key, n, code)
 		return false
 	}
-	id := zone + "|" + key
 	r.grants[id] = append(r.grants[id], ixGrant{from: from, to: r.now(), amount: int64(n)})
 	r.granted++
 	return true
@@ -1071,10 +1122,10 @@ func ixZoneNamed(name string) ixZone {
 func (r *ixRun) unban(k int, step int) {
 	key := r.key(k)
 	code := r.admin(http.MethodDelete, "/rate_limit/zones/ix_ban/bans/"+url.PathEscape(key))
-	if code != 200 && code != 404 && !(r.outage && code == 503) {
+	if code != 200 && code != 404 && !((r.outage || r.stalls) && code == 503) {
 		r.failf("step %d: unban %s: status %d", step, key, code)
 	}
-	if code == 200 || code == 404 {
+	if code == 200 || code == 404 || r.stalled(code) {
 		delete(r.banned, key)
 	}
 }
@@ -1606,7 +1657,12 @@ func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []st
 			return -1, nil
 		}
 		began := time.Now()
+		r.hiccupBase = ixHiccups()
+		g0, outages := r.group, r.outages
 		r.do(s, i)
+		if r.hiccup() && !r.outage && r.outages == outages && s.kind != "restart" && s.kind != "settle" {
+			r.excuseHiccup(g0, i)
+		}
 		kind := s.kind
 		if kind == "settle" {
 			kind += " " + s.zone
@@ -1628,6 +1684,34 @@ func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []st
 	return -1, nil
 }
 
+// ixStalls stalls srv now and then (DEBUG SLEEP, 0.5 to 0.9s, past the
+// zones' 500-600ms timeout) without telling the run, until the test ends:
+// as a loaded machine does to a run under -race. The checker finds each
+// stall's effects (see excuseHiccup); the run checks that nothing else
+// gives.
+func ixStalls(t *testing.T, srv *redistest.Server, seed int64) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	c := srv.Client()
+	go func() {
+		defer close(done)
+		rng := rand.New(rand.NewSource(seed))
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Duration(1000+rng.Intn(2000)) * time.Millisecond):
+			}
+			c.Do(ctx, "DEBUG", "SLEEP", fmt.Sprintf("%.1f", 0.5+float64(rng.Intn(5))/10))
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		c.Close()
+	})
+}
+
 func TestInteraction(t *testing.T) {
 	seed := ixSeed(t)
 	for _, store := range []string{"memory", "redis"} {
@@ -1643,7 +1727,10 @@ func TestInteraction(t *testing.T) {
 				// reaches the append-only file before its reply): a
 				// settle step's kill loses nothing, and every settlement
 				// held across it must reach Redis exactly once.
-				r.srv = redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "no")
+				r.srv = redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "no", "--enable-debug-command", "yes")
+				if r.stalls = os.Getenv("TOLLGATE_INTERACT_STALLS") != ""; r.stalls {
+					ixStalls(t, r.srv, seed)
+				}
 				c := r.srv.Client()
 				dir, err := c.ConfigGet(t.Context(), "dir").Result()
 				c.Close()
@@ -1691,7 +1778,7 @@ func TestInteraction(t *testing.T) {
 				t.Fatalf("seed %d (TOLLGATE_INTERACT_SEED=%d), step %d:\n\t%s\nshortest failing sequence found (TOLLGATE_INTERACT_STEPS=%s):\n\t%s",
 					s, s, failed, strings.Join(errs, "\n\t"), shrunk.indexes, strings.Join(shrunk.lines, "\n\t"))
 			}
-			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day, %d of a model's budget, %d settle steps (%d keys a freeze excused)", seed, round, r.steps, budget, r.owing, r.granted, r.calendar, r.llm, r.settles, r.excused)
+			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day, %d of a model's budget, %d settle steps (%d keys a freeze excused), %d steps in which Redis answered late unasked", seed, round, r.steps, budget, r.owing, r.granted, r.calendar, r.llm, r.settles, r.excused, r.hiccups)
 			t.Logf("time by step kind: %v", r.took)
 			if r.srv != nil {
 				taken, returned, expired, lost, decisions := redisstore.LeaseTotals()
