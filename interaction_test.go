@@ -678,9 +678,9 @@ type ixRun struct {
 	// did not stop it (see excuseHiccup).
 	hiccupBase float64
 	hiccups    int
-	stalls     bool // Redis stalls now and then, unannounced (see ixStalls)
-	took             map[string]time.Duration // by step kind, for the log
-	redisDir         string                   // where Redis keeps its append-only file
+	stalls     bool                     // Redis stalls now and then, unannounced (see ixStalls)
+	took       map[string]time.Duration // by step kind, for the log
+	redisDir   string                   // where Redis keeps its append-only file
 	// leaseResets are when the keys of a lease zone were last reset, and
 	// leaseRestart when Redis last lost its data (see ixZone.lease).
 	leaseResets  map[string]int64
