@@ -115,16 +115,28 @@ func (c Calendar) index(now int64) int64 {
 	return floorDiv(i, c.Count) * c.Count
 }
 
-// start is the local midnight that starts unit i.
+// start is the local midnight that starts unit i: where a DST change
+// skips that midnight (America/Santiago, clocks from 00:00 to 01:00), the
+// first instant of the day, the change itself. time.Date places a skipped
+// midnight in the day before (23:00 of the old offset).
 func (c Calendar) start(i int64) int64 {
-	var t time.Time
+	y, m, d := 1970, time.January, 1+int(i)
 	switch c.Unit {
-	case Day:
-		t = time.Date(1970, 1, 1+int(i), 0, 0, 0, 0, c.loc())
 	case Week:
-		t = time.Date(1969, 12, 29+7*int(i), 0, 0, 0, 0, c.loc())
+		y, m, d = 1969, time.December, 29+7*int(i)
 	case Month:
-		t = time.Date(1970, 1+time.Month(i), 1, 0, 0, 0, 0, c.loc())
+		m, d = 1+time.Month(i), 1
+	}
+	t := time.Date(y, m, d, 0, 0, 0, 0, c.loc())
+	if h := t.Hour(); h != 0 {
+		// The change ends the old offset's span (t in the day before) or
+		// starts the new one's (t later in the day).
+		start, end := t.ZoneBounds()
+		if h >= 12 && !end.IsZero() {
+			t = end
+		} else if h < 12 && !start.IsZero() {
+			t = start
+		}
 	}
 	return t.UnixMicro()
 }
@@ -137,8 +149,8 @@ func (c Calendar) Period(now int64) Period {
 	}
 	i := c.index(now)
 	p := Period{c.start(i), c.start(i + c.Count)}
-	// time.Date may place a skipped midnight in the day before: move to
-	// the window that really holds now.
+	// index is now's local date's unit: the loops move to the window that
+	// really holds now should the two ever disagree.
 	for now < p.Start {
 		i -= c.Count
 		p = Period{c.start(i), p.Start}

@@ -134,10 +134,11 @@ func TestCalendarModel(t *testing.T) {
 	if testing.Short() || raceOn || mutationOn {
 		n = 60
 	}
-	// America/Santiago skips its midnight at the start of DST, and
-	// time.Date places that midnight in the day before (23:00 of the old
-	// offset): there Period's loops correct index, and its times are
-	// drawn within two hours of such a midnight.
+	// America/Santiago skips its midnight at the start of DST (clocks
+	// from 00:00 to 01:00), and time.Date places that midnight in the day
+	// before (23:00 of the old offset): there the day starts at the
+	// change, and the times are drawn within two hours of such a
+	// midnight.
 	santiago := mustLoc(t, "America/Santiago")
 	var skips []int64
 	for d := 0; d < 365*30; d++ {
@@ -150,14 +151,32 @@ func TestCalendarModel(t *testing.T) {
 		for _, unit := range []Unit{Day, Week, Month} {
 			for count := int64(1); count <= 7; count++ {
 				cal := Calendar{unit, count, loc}
+				// unitStart is the first instant whose local date is the
+				// unit's first: its midnight, or where a DST change skips
+				// it, the change (found a minute at a time).
 				unitStart := func(u int64) int64 {
+					var t time.Time
 					switch unit {
 					case Day:
-						return time.Date(1970, 1, 1+int(u), 0, 0, 0, 0, loc).UnixMicro()
+						t = time.Date(1970, 1, 1+int(u), 0, 0, 0, 0, time.UTC)
 					case Week:
-						return time.Date(1969, 12, 29+7*int(u), 0, 0, 0, 0, loc).UnixMicro()
+						t = time.Date(1969, 12, 29+7*int(u), 0, 0, 0, 0, time.UTC)
+					default:
+						t = time.Date(1970, 1+time.Month(u), 1, 0, 0, 0, 0, time.UTC)
 					}
-					return time.Date(1970, 1+time.Month(u), 1, 0, 0, 0, 0, loc).UnixMicro()
+					y, m, d := t.Date()
+					on := func(t time.Time) bool {
+						ly, lm, ld := t.In(loc).Date()
+						return ly == y && lm == m && ld == d
+					}
+					t = time.Date(y, m, d, 0, 0, 0, 0, loc)
+					for !on(t) {
+						t = t.Add(time.Minute)
+					}
+					for on(t.Add(-time.Minute)) {
+						t = t.Add(-time.Minute)
+					}
+					return t.UnixMicro()
 				}
 				for j := range n {
 					now := from + rng.Int64N(to-from)

@@ -44,13 +44,13 @@ package algorithms
 //   - bucket.go:85 `elapsed >= l.micros(inc)` to `>`: at elapsed ==
 //     micros(inc), ticks(elapsed) >= inc and the charge gives back
 //     max(0, inc - ticks(elapsed)) = 0 either way.
-//   - calendar.go:142 `now < p.Start` to `<=`: at now == p.Start the loop
+//   - calendar.go:154 `now < p.Start` to `<=`: at now == p.Start the loop
 //     steps back a window and the next loop steps forward to the same.
-//   - calendar.go:148 `i + c.Count` to `i - c.Count`: the loop runs only
-//     for a midnight time.Date placed in the day before (one window back
-//     at most), and the wrong end makes it step on: after three steps it
-//     holds the same period.
-//   - calendar.go:185 Month's `28*24 - 1` to `28*24 + 1` (and `-1` to
+//   - calendar.go:160 `i + c.Count` to `i - c.Count`: since start places
+//     a skipped midnight at the DST change, index and start agree in the
+//     zones tested and the loop does not run; it stays as a guard should
+//     they ever disagree.
+//   - calendar.go:197 Month's `28*24 - 1` to `28*24 + 1` (and `-1` to
 //     `+1`): a month of 671 hours holds 2.4e12 µs, more than MaxEvents,
 //     which NewLimit refuses first: the events bound never decides.
 //   - seed.go:45 `n.Level > s.Level` to `>=`: equal, the copy is set to
