@@ -426,13 +426,16 @@ func (l *Limit) Undo(s *State, now, cost int64, taken Decision) {
 }
 
 // Fresh reports whether s is, at now, the same as a fresh state, so that a
-// store may forget the key.
+// store may forget the key. A state that holds the clock ahead of now (it
+// has seen a later time: the clock ran backwards, or a reset left it
+// there, see HeldAt) is not, until now reaches that time: a fresh state
+// would date the next decision earlier than the ones before.
 func (l *Limit) Fresh(s *State, now int64) bool {
 	if l.Kind == Concurrency {
 		return s.Level == 0
 	}
 	d := l.Peek(s, now, 0)
-	return d.Reset <= 0
+	return d.Reset <= 0 && d.At <= now
 }
 
 // inc is the refill time in ticks of cost milli-units: ceil(cost * Unit /

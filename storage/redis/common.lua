@@ -123,12 +123,14 @@ end
 -- reset µs on a clock that the algorithm holds held µs ahead of the
 -- script's reading (a clock that ran backwards; TTLs run on the real
 -- clock): rounded up, never shorter. A fresh state gets 0, so that
--- production deletes it.
+-- production deletes it, unless it holds the clock: then it is kept
+-- until the clock reads the time it holds (Limit.Fresh), so that the
+-- next decision is not dated earlier than the ones before.
 local function ttl(reset, held)
-	if reset <= 0 then
+	if reset <= 0 and held <= 0 then
 		return slack
 	end
-	return quo(reset + held + 999, 1000) + slack
+	return quo(math.max(reset, 0) + held + 999, 1000) + slack
 end
 
 -- staged holds, while a lease call runs (single.lua's op 'q'), the state
