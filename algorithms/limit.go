@@ -244,9 +244,9 @@ func CostMilli(cost float64) (int64, bool) {
 //
 //	token_bucket, leaky_bucket: At = last refill/leak (µs), Level = debt in ticks
 //	gcra:                       the theoretical arrival time: At µs + Level ticks (0 <= Level < Scale)
-//	fixed_window:               At = window start, Level = count (milli), Head = grant (milli)
-//	  with a calendar:          the same, and Prev = window end (µs)
-//	sliding_window:             At = window start, Level = count, Prev = previous window's count, Head = see below (a grant when negative)
+//	fixed_window:               At = the latest time seen (its window holds it), Level = count (milli), Head = grant (milli)
+//	  with a calendar:          At = window start, Prev = window end (µs), the rest the same
+//	sliding_window:             At = the latest time seen (its window holds it), Level = count, Prev = previous window's count, Head = see below (a grant when negative)
 //	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many, Prev = grant (milli) until At
 //
 // A sliding_window also keeps in Head what was charged in the previous

@@ -494,8 +494,8 @@ func (s *Store) PeekGrant(_ context.Context, key string, now int64) (d algorithm
 // Reset forgets key at now. ok is false for a key the store did not hold.
 // A charge made before, at or before now, gives nothing back (see Undo).
 // On a clock that ran back since the key's latest decision, the reset is
-// dated after it, and a bucket's key is left a fresh state that holds the
-// clock later still (see storage.ResetAt).
+// dated after it, and a bucket's or an epoch window's key is left a fresh
+// state that holds the clock later still (see storage.ResetAt).
 func (s *Store) Reset(_ context.Context, key string, now int64) (bool, error) {
 	now = s.at(now)
 	h, tag, sh := s.locate(key)
@@ -506,11 +506,11 @@ func (s *Store) Reset(_ context.Context, key string, now int64) (bool, error) {
 		return false, nil
 	}
 	// Dated after the latest time the state has seen, if the clock ran
-	// backwards (see storage.ResetAt): a bucket's is its latest
-	// decision's. (A window's state keeps only its window's start,
-	// gcra's its debt's end: a charge made later in the window, or
-	// before the debt's end, on a clock since run back, is dated after
-	// the reset.)
+	// backwards (see storage.ResetAt): a bucket's or an epoch window's
+	// latest decision's. (A calendar window's state keeps only its
+	// window's start, gcra's its debt's end: a charge made later in the
+	// window, or before the debt's end, on a clock since run back, is
+	// dated after the reset.)
 	st := sh.state(i)
 	d := s.limit.Peek(&st, now, 0)
 	last := int64(0)

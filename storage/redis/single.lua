@@ -36,10 +36,10 @@
 -- gives nothing back (the reset gave it back), so that it cannot take
 -- from what the key was charged since; nor is an excess settled ('o')
 -- for a charge made before it (the reset forgave it). The mark is kept
--- as long as a charge counts (storage.Horizon). A bucket reset on a clock
--- that ran back is left a fresh state that holds the clock a µs after
--- the mark (Limit.HeldAt), until the clock reaches it: a decision since
--- is dated after the reset.
+-- as long as a charge counts (storage.Horizon). A bucket or an epoch
+-- window reset on a clock that ran back is left a fresh state that holds
+-- the clock a µs after the mark (Limit.HeldAt), until the clock reaches
+-- it: a decision since is dated after the reset.
 slack = tonumber(ARGV[3])
 staged = nil -- see common.lua
 local op = ARGV[1]
@@ -104,9 +104,9 @@ if (op == 'x' or op == 'u' or op == 'o' or op == 'e') and KEYS[2] then
 	if op == 'x' then
 		-- storage.ResetAt: dated now, or the last mark if later, or, if
 		-- the state has seen a later time still (the clock ran back),
-		-- one µs after it, and a bucket's fresh state then holds the
-		-- clock one µs later still (Limit.HeldAt), for as long as the
-		-- clock reads before it.
+		-- one µs after it, and a bucket's or an epoch window's fresh
+		-- state then holds the clock one µs later still (Limit.HeldAt),
+		-- for as long as the clock reads before it.
 		local now = clock(ARGV[2])
 		local code = ARGV[7]
 		local d = algs[code](KEYS[1], 'p', now, 0, 0, 0,
@@ -122,7 +122,7 @@ if (op == 'x' or op == 'u' or op == 'o' or op == 'e') and KEYS[2] then
 		end
 		redis.call('SET', KEYS[2], at, 'PX', tonumber(ARGV[4]) + slack)
 		local n = redis.call('DEL', KEYS[1])
-		if n == 1 and hold > now and (code == 'tb' or code == 'lb') then
+		if n == 1 and hold > now and (code == 'tb' or code == 'lb' or code == 'fw' or code == 'sw') then
 			redis.call('HSET', KEYS[1], 'at', hold, 'level', 0)
 			redis.call('PEXPIRE', KEYS[1], quo(hold - now + 999, 1000) + slack)
 		end
