@@ -159,8 +159,8 @@ func (l *Limit) debit(s *State, sp *Span, now, x int64, d *Decision) {
 			l.fixed(s, now, x, true, s.Prev-now, d)
 			return
 		}
-		now = l.roll(s, now)
-		l.fixed(s, now, x, true, l.Window-now%l.Window, d)
+		now, e := l.roll(s, now)
+		l.fixed(s, now, x, true, l.Window-e, d)
 	case SlidingWindow:
 		l.slidingWindow(s, now, x, true, d)
 	}

@@ -13,14 +13,17 @@ import (
 // Calendar, so every instance and store agrees on where a window starts.
 
 // roll brings an epoch window's state up to date with now and returns
-// the (possibly adjusted) now, which it keeps in At. The clock running
-// backwards counts as no time elapsed: now never goes before the latest
-// time the state has seen (At), so that a decision is never dated before
-// one made earlier on the state (see storage.ResetAt). The window is the
-// one that holds At (see windowStart).
-func (l *Limit) roll(s *State, now int64) int64 {
+// the (possibly adjusted) now, which it keeps in At, and e, the µs of its
+// window elapsed at now (one division, where the decision needs both).
+// The clock running backwards counts as no time elapsed: now never goes
+// before the latest time the state has seen (At), so that a decision is
+// never dated before one made earlier on the state (see
+// storage.ResetAt). The window is the one that holds At (see
+// windowStart).
+func (l *Limit) roll(s *State, now int64) (_, e int64) {
 	now = max(now, s.At)
-	start := now - now%l.Window
+	e = now % l.Window
+	start := now - e
 	if start > s.At {
 		if start-s.At <= l.Window { // At was in the window before
 			// What a grant admitted ends with its window: the next one
@@ -38,7 +41,7 @@ func (l *Limit) roll(s *State, now int64) int64 {
 		}
 	}
 	s.At = now
-	return now
+	return now, e
 }
 
 // windowStart is the start of the epoch window that holds t.
@@ -64,8 +67,8 @@ func (l *Limit) granted(s *State) int64 {
 // fixedWindow: At = the latest time seen (the window is the one that
 // holds it), Level = count in the window.
 func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool, d *Decision) {
-	now = l.roll(s, now)
-	l.fixed(s, now, cost, commit, l.Window-now%l.Window, d)
+	now, e := l.roll(s, now)
+	l.fixed(s, now, cost, commit, l.Window-e, d)
 }
 
 // holds reports whether a decision on s at now can be made with sp: for
@@ -125,10 +128,9 @@ func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64, d *D
 // is at most N: the products are compared exactly, in 128 bits (the Lua
 // twin compares them in 26-bit limbs), so that no rounding admits more.
 func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool, d *Decision) {
-	now = l.roll(s, now)
+	now, e := l.roll(s, now)
 	g := max(0, -s.Head) // the grant (see State)
 	limit := l.Events*Milli + g
-	e := now % l.Window
 	toNext := l.Window - e
 	weighted := l.weight(s.Prev, toNext)
 	if weighted+s.Level+cost > limit {
@@ -243,8 +245,8 @@ func (l *Limit) windowUndo(s *State, now, cost int64, taken Decision) {
 		}
 		return
 	}
-	l.roll(s, now)
-	charged, start := l.windowStart(taken.At), l.windowStart(s.At)
+	now, e := l.roll(s, now)
+	charged, start := l.windowStart(taken.At), now-e
 	switch {
 	case charged == start:
 		s.Level = max(0, s.Level-cost)
