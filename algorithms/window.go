@@ -20,9 +20,9 @@ import (
 // never dated before one made earlier on the state (see
 // storage.ResetAt). The window is the one that holds At (see
 // windowStart).
-func (l *Limit) roll(s *State, now int64) (_, e int64) {
+func (l *Limit) roll(s *State, now int64) (int64, int64) {
 	now = max(now, s.At)
-	e = now % l.Window
+	e := now % l.Window
 	start := now - e
 	if start > s.At {
 		if start-s.At <= l.Window { // At was in the window before
@@ -122,8 +122,9 @@ func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64, d *D
 }
 
 // slidingWindow: At = the latest time seen (the current window is the one
-// that holds it), Level = this window's count, Prev = the previous window's. The previous count weighs in proportion to how much of
-// the sliding window still overlaps it, prev * (W - elapsed) / W, and a
+// that holds it), Level = this window's count, Prev = the previous
+// window's. The previous count weighs in proportion to how much of the
+// sliding window still overlaps it, prev * (W - elapsed) / W, and a
 // request of cost c is admitted exactly when that weight plus Level plus c
 // is at most N: the products are compared exactly, in 128 bits (the Lua
 // twin compares them in 26-bit limbs), so that no rounding admits more.
