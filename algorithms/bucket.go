@@ -94,6 +94,27 @@ func (l *Limit) bucketUndo(s *State, now, cost int64, taken Decision) {
 	s.Level -= l.giveBack(s.Level, l.inc(cost), s.At, taken)
 }
 
+// HeldAt returns a fresh state of l whose clock reads at, and whether
+// l's algorithm has one: a bucket's (token_bucket, leaky_bucket), its
+// refill time at and no debt, and an epoch window's, the latest time it
+// has seen at and nothing counted. A decision on it at an earlier now is
+// decided at at, as on any state that has seen at (the clock ran
+// backwards). A reset leaves it where the clock ran back (see
+// storage.ResetAt). The others' fresh state keeps no time: a calendar
+// window's At is its window's start, gcra's is its debt's end, and a
+// sliding_log's times are its entries.
+func (l *Limit) HeldAt(at int64) (State, bool) {
+	switch l.Kind {
+	case TokenBucket, LeakyBucket:
+		return State{At: at}, true
+	case FixedWindow, SlidingWindow:
+		if l.Calendar.Unit == NoUnit {
+			return State{At: at}, true
+		}
+	}
+	return State{}, false
+}
+
 // gcra decides as bucket does, keeping only the theoretical arrival time
 // TAT, at a tick's precision: At µs and Level ticks, 0 <= Level < Scale.
 // With one timestamp it cannot tell a clock that ran backwards from debt;

@@ -62,7 +62,7 @@ func (l *Limit) GrantIn(s *State, sp Span, now, amount int64) (Decision, error) 
 	case l.Kind == SlidingLog:
 		now = l.logNow(s, now)
 	default:
-		now = l.roll(s, now)
+		now, _ = l.roll(s, now)
 	}
 	g := min(l.granted(s)+max(amount, 0), l.GrantCap())
 	switch l.Kind {

@@ -129,7 +129,7 @@ func (l *Limit) LeaseTake(s *State, sp *Span, now, cost, want, life int64) (d De
 	case FixedWindow:
 		lived = min(life, after.Reset)
 	case SlidingWindow:
-		lived = min(life, s.At+l.Window-after.At)
+		lived = min(life, l.Window-after.At%l.Window)
 	}
 	d.Remaining, d.Reset = after.Remaining+n, after.Reset
 	return d, n, lived
@@ -159,8 +159,8 @@ func (l *Limit) debit(s *State, sp *Span, now, x int64, d *Decision) {
 			l.fixed(s, now, x, true, s.Prev-now, d)
 			return
 		}
-		now = l.roll(s, now)
-		l.fixed(s, now, x, true, s.At+l.Window-now, d)
+		now, e := l.roll(s, now)
+		l.fixed(s, now, x, true, l.Window-e, d)
 	case SlidingWindow:
 		l.slidingWindow(s, now, x, true, d)
 	}

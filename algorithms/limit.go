@@ -244,9 +244,9 @@ func CostMilli(cost float64) (int64, bool) {
 //
 //	token_bucket, leaky_bucket: At = last refill/leak (µs), Level = debt in ticks
 //	gcra:                       the theoretical arrival time: At µs + Level ticks (0 <= Level < Scale)
-//	fixed_window:               At = window start, Level = count (milli), Head = grant (milli)
-//	  with a calendar:          the same, and Prev = window end (µs)
-//	sliding_window:             At = window start, Level = count, Prev = previous window's count, Head = see below (a grant when negative)
+//	fixed_window:               At = the latest time seen (its window holds it), Level = count (milli), Head = grant (milli)
+//	  with a calendar:          At = window start, Prev = window end (µs), the rest the same
+//	sliding_window:             At = the latest time seen (its window holds it), Level = count, Prev = previous window's count, Head = see below (a grant when negative)
 //	sliding_log:                Log = ring of admission times, Head = oldest, Level = how many, Prev = grant (milli) until At
 //
 // A sliding_window also keeps in Head what was charged in the previous
@@ -426,13 +426,16 @@ func (l *Limit) Undo(s *State, now, cost int64, taken Decision) {
 }
 
 // Fresh reports whether s is, at now, the same as a fresh state, so that a
-// store may forget the key.
+// store may forget the key. A state that holds the clock ahead of now (it
+// has seen a later time: the clock ran backwards, or a reset left it
+// there, see HeldAt) is not, until now reaches that time: a fresh state
+// would date the next decision earlier than the ones before.
 func (l *Limit) Fresh(s *State, now int64) bool {
 	if l.Kind == Concurrency {
 		return s.Level == 0
 	}
 	d := l.Peek(s, now, 0)
-	return d.Reset <= 0
+	return d.Reset <= 0 && d.At <= now
 }
 
 // inc is the refill time in ticks of cost milli-units: ceil(cost * Unit /

@@ -46,15 +46,17 @@ func (l *Limit) Seed(s *State, d Decision, cost int64, charged bool) {
 			s.At, s.Level = n.At, n.Level // the later TAT
 		}
 	case FixedWindow:
-		start, end := d.At-d.At%l.Window, int64(0)
+		// s's window starts at At for a calendar window, and holds At
+		// for an epoch window (see roll).
+		start, end, own := d.At-d.At%l.Window, int64(0), l.windowStart(s.At)
 		if l.Calendar.Unit != NoUnit {
 			p := l.Calendar.Period(d.At)
-			start, end = p.Start, p.End
+			start, end, own = p.Start, p.End, s.At
 		}
 		switch {
-		case start < s.At:
+		case start < own:
 			return // d's window no longer counts
-		case start > s.At:
+		case start > own:
 			s.At, s.Level, s.Prev, s.Head = start, 0, end, 0 // s's no longer does
 		}
 		if d.Reset > 0 {
@@ -130,7 +132,7 @@ func (l *Limit) seedUsed(d Decision) int64 {
 func (l *Limit) seedSliding(s *State, d Decision, cost int64) {
 	l.roll(s, d.At) // to d's window, if s is in an earlier one
 	start := d.At - d.At%l.Window
-	switch s.At {
+	switch l.windowStart(s.At) {
 	case start:
 	case start + l.Window: // a late reply: its window is the previous one
 		if s.Head < 0 {

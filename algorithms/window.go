@@ -12,14 +12,20 @@ import (
 // since the Unix epoch, or for a calendar window to the periods of its
 // Calendar, so every instance and store agrees on where a window starts.
 
-// roll brings a window state up to date with now and returns the
-// (possibly adjusted) now. The clock running backwards counts as no time
-// elapsed: now never goes before the stored window start.
-func (l *Limit) roll(s *State, now int64) int64 {
+// roll brings an epoch window's state up to date with now and returns
+// the (possibly adjusted) now, which it keeps in At, and e, the µs of its
+// window elapsed at now (one division, where the decision needs both).
+// The clock running backwards counts as no time elapsed: now never goes
+// before the latest time the state has seen (At), so that a decision is
+// never dated before one made earlier on the state (see
+// storage.ResetAt). The window is the one that holds At (see
+// windowStart).
+func (l *Limit) roll(s *State, now int64) (int64, int64) {
 	now = max(now, s.At)
-	start := now - now%l.Window
+	e := now % l.Window
+	start := now - e
 	if start > s.At {
-		if start-s.At == l.Window {
+		if start-s.At <= l.Window { // At was in the window before
 			// What a grant admitted ends with its window: the next one
 			// weighs only the rest.
 			s.Prev = max(0, s.Level-l.granted(s))
@@ -27,7 +33,6 @@ func (l *Limit) roll(s *State, now int64) int64 {
 			s.Prev = 0
 		}
 		s.Level = 0
-		s.At = start
 		// A sliding_window keeps in Head what was charged in the previous
 		// window (see State); a grant ends with its window.
 		s.Head = 0
@@ -35,7 +40,13 @@ func (l *Limit) roll(s *State, now int64) int64 {
 			s.Head = s.Prev
 		}
 	}
-	return now
+	s.At = now
+	return now, e
+}
+
+// windowStart is the start of the epoch window that holds t.
+func (l *Limit) windowStart(t int64) int64 {
+	return t - t%l.Window
 }
 
 // granted is the quota, in milli-units, granted to s's current window
@@ -53,10 +64,11 @@ func (l *Limit) granted(s *State) int64 {
 	return 0
 }
 
-// fixedWindow: At = window start, Level = count in the window.
+// fixedWindow: At = the latest time seen (the window is the one that
+// holds it), Level = count in the window.
 func (l *Limit) fixedWindow(s *State, now, cost int64, commit bool, d *Decision) {
-	now = l.roll(s, now)
-	l.fixed(s, now, cost, commit, s.At+l.Window-now, d)
+	now, e := l.roll(s, now)
+	l.fixed(s, now, cost, commit, l.Window-e, d)
 }
 
 // holds reports whether a decision on s at now can be made with sp: for
@@ -109,17 +121,17 @@ func (l *Limit) fixed(s *State, now, cost int64, commit bool, toNext int64, d *D
 	}
 }
 
-// slidingWindow: At = window start, Level = this window's count, Prev = the
-// previous window's. The previous count weighs in proportion to how much of
-// the sliding window still overlaps it, prev * (W - elapsed) / W, and a
+// slidingWindow: At = the latest time seen (the current window is the one
+// that holds it), Level = this window's count, Prev = the previous
+// window's. The previous count weighs in proportion to how much of the
+// sliding window still overlaps it, prev * (W - elapsed) / W, and a
 // request of cost c is admitted exactly when that weight plus Level plus c
 // is at most N: the products are compared exactly, in 128 bits (the Lua
 // twin compares them in 26-bit limbs), so that no rounding admits more.
 func (l *Limit) slidingWindow(s *State, now, cost int64, commit bool, d *Decision) {
-	now = l.roll(s, now)
+	now, e := l.roll(s, now)
 	g := max(0, -s.Head) // the grant (see State)
 	limit := l.Events*Milli + g
-	e := now - s.At
 	toNext := l.Window - e
 	weighted := l.weight(s.Prev, toNext)
 	if weighted+s.Level+cost > limit {
@@ -234,12 +246,12 @@ func (l *Limit) windowUndo(s *State, now, cost int64, taken Decision) {
 		}
 		return
 	}
-	l.roll(s, now)
-	charged := taken.At - taken.At%l.Window
+	now, e := l.roll(s, now)
+	charged, start := l.windowStart(taken.At), now-e
 	switch {
-	case charged == s.At:
+	case charged == start:
 		s.Level = max(0, s.Level-cost)
-	case charged == s.At-l.Window && l.Kind == SlidingWindow:
+	case charged == start-l.Window && l.Kind == SlidingWindow:
 		s.Prev = max(0, s.Prev-cost)
 		if s.Head > 0 { // not a grant (see State)
 			s.Head = max(0, s.Head-cost)

@@ -23,9 +23,9 @@ func TestFixedWindow(t *testing.T) {
 		8:  {undo, t0 + 1500*ms, 2000, Decision{}},
 		9:  {peek, t0 + 1500*ms, 2000, Decision{Allowed: true, Remaining: 2, Reset: 500 * ms}},
 		10: {take, t0 + 1500*ms, 2000, Decision{Allowed: true, Remaining: 0, Reset: 500 * ms}},
-		// Before the stored window start: counted in the stored window, at
-		// its start.
-		11: {take, t0 + 500*ms, 1000, Decision{Remaining: 0, Reset: sec, Wait: sec}},
+		// Before the latest time the state has seen (1.5s): counted in
+		// its window, at that time (no time has elapsed).
+		11: {take, t0 + 500*ms, 1000, Decision{Remaining: 0, Reset: 500 * ms, Wait: 500 * ms}},
 		12: {fresh, t0 + 2*sec - 1, 0, Decision{Allowed: false}},
 		13: {fresh, t0 + 2*sec, 0, Decision{Allowed: true}},
 		14: {take, t0 + 2*sec, 0, Decision{Allowed: true, Remaining: 3, Reset: 0}},
@@ -65,11 +65,9 @@ func TestSlidingWindow(t *testing.T) {
 		12: {fresh, t0 + 3*sec, 0, Decision{Allowed: true}},
 		13: {take, t0 + 3500*ms, 4000, Decision{Allowed: true, Remaining: 0, Reset: 1500 * ms}},
 		14: {take, t0 + 4250*ms, 1000, Decision{Allowed: true, Remaining: 0, Reset: 1750 * ms}},
-		// Before the stored window start: taken as the window start, where
-		// the previous window still weighs all 4. Without a last reading
-		// in its state, the sliding window errs towards rejecting, as gcra
-		// does, even for a request that costs nothing.
-		15: {take, t0 + 3900*ms, 0, Decision{Remaining: 0, Reset: 2 * sec, Wait: 250_000}},
+		// Before the latest time the state has seen (4.25s): decided at
+		// that time, as step 14 was (no time has elapsed).
+		15: {take, t0 + 3900*ms, 0, Decision{Allowed: true, Remaining: 0, Reset: 1750 * ms}},
 		16: {take, t0 + 4250*ms, 0, Decision{Allowed: true, Remaining: 0, Reset: 1750 * ms}},
 		// Undo after the window rolled gives back to the previous window.
 		17: {undo, t0 + 5*sec, 1000, Decision{}},

@@ -59,6 +59,34 @@ func Horizon(l *algorithms.Limit) int64 {
 	return 2*l.Window + l.Tau/max(l.Scale, 1) + 1 + l.MaxDelay + l.Hold
 }
 
+// ResetAt dates a reset of a key at now (see Limiter.Reset): mark, the
+// time a give-back or settlement compares a charge's Decision.At with,
+// and hold, the time the key's fresh state holds its clock at since (see
+// algorithms.Limit.HeldAt). seen is the latest time the key's state has
+// seen, the At of a look at it at now (see algorithms.Limit.Peek), and
+// last the key's previous reset mark (0 for either: none).
+//
+// A reset is dated now, or last if that is later. If the state has seen a
+// later time still, the clock ran backwards since a decision on it: the
+// reset is then dated one µs after that time, after every charge it
+// forgets, and the fresh state holds its clock one µs later still, so
+// that every decision since is dated after the reset. A charge dated at
+// or before mark gives nothing back since, and its excess is forgiven if
+// dated before; one dated after gives back, and owes, as ever. A decision
+// at the mark's very µs (a clock that did not run back) may have been
+// made before the reset or after: its give-back gives nothing (it must
+// not mint), its excess is owed (it must not be forgiven). The Redis
+// store's reset (single.lua, op 'x') is the twin.
+func ResetAt(now, seen, last int64) (mark, hold int64) {
+	mark = max(now, last)
+	hold = mark
+	if seen > mark {
+		mark = seen + 1
+		hold = mark + 1
+	}
+	return mark, hold
+}
+
 // Granter is a Limiter that can give one key extra quota for its current
 // window (see algorithms.Limit.Grant): the memory and Redis stores.
 type Granter interface {

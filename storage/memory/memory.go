@@ -147,6 +147,17 @@ func (r *resetLog) since(key string, at, now int64) bool {
 	return hit
 }
 
+// last is the time key was last reset, if a reset within the horizon
+// is kept (the log's floor, if later), or 0, key's shard lock held.
+func (r *resetLog) last(key string, now int64) int64 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if now > r.until {
+		return 0
+	}
+	return max(r.floor, r.at[key])
+}
+
 // New returns an empty store for zone z.
 func New(z storage.Zone) *Store {
 	maxKeys := int64(z.MaxKeys)
@@ -482,6 +493,9 @@ func (s *Store) PeekGrant(_ context.Context, key string, now int64) (d algorithm
 
 // Reset forgets key at now. ok is false for a key the store did not hold.
 // A charge made before, at or before now, gives nothing back (see Undo).
+// On a clock that ran back since the key's latest decision, the reset is
+// dated after it, and a bucket's or an epoch window's key is left a fresh
+// state that holds the clock later still (see storage.ResetAt).
 func (s *Store) Reset(_ context.Context, key string, now int64) (bool, error) {
 	now = s.at(now)
 	h, tag, sh := s.locate(key)
@@ -491,11 +505,26 @@ func (s *Store) Reset(_ context.Context, key string, now int64) (bool, error) {
 	if i < 0 {
 		return false, nil
 	}
-	// At the latest time the state has seen, if the clock ran backwards:
-	// every charge it holds was made at or before that.
+	// Dated after the latest time the state has seen, if the clock ran
+	// backwards (see storage.ResetAt): a bucket's or an epoch window's
+	// latest decision's. (A calendar window's state keeps only its
+	// window's start, gcra's its debt's end: a charge made later in the
+	// window, or before the debt's end, on a clock since run back, is
+	// dated after the reset.)
 	st := sh.state(i)
 	d := s.limit.Peek(&st, now, 0)
-	s.resets.record(key, max(now, d.At), storage.Horizon(&s.limit))
+	last := int64(0)
+	if s.resets.any.Load() {
+		last = s.resets.last(key, now)
+	}
+	mark, hold := storage.ResetAt(now, d.At, last)
+	s.resets.record(key, mark, storage.Horizon(&s.limit))
+	if fresh, ok := s.limit.HeldAt(hold); ok && hold > now {
+		// The fresh state holds the clock, so that a decision since
+		// is dated after the reset.
+		sh.setState(i, &fresh)
+		return true, nil
+	}
 	s.remove(sh, i)
 	sh.shrink()
 	return true, nil

@@ -123,12 +123,14 @@ end
 -- reset µs on a clock that the algorithm holds held µs ahead of the
 -- script's reading (a clock that ran backwards; TTLs run on the real
 -- clock): rounded up, never shorter. A fresh state gets 0, so that
--- production deletes it.
+-- production deletes it, unless it holds the clock: then it is kept
+-- until the clock reads the time it holds (Limit.Fresh), so that the
+-- next decision is not dated earlier than the ones before.
 local function ttl(reset, held)
-	if reset <= 0 then
+	if reset <= 0 and held <= 0 then
 		return slack
 	end
-	return quo(reset + held + 999, 1000) + slack
+	return quo(math.max(reset, 0) + held + 999, 1000) + slack
 end
 
 -- staged holds, while a lease call runs (single.lua's op 'q'), the state
@@ -294,25 +296,25 @@ local function commit()
 	end
 end
 
--- roll brings a window state up to date with now, as Limit.roll does:
--- windows are aligned to multiples of w since the epoch, and a clock that
--- ran backwards counts as no time elapsed. It returns the (possibly held)
--- now and the new state.
+-- roll brings a window state, whose at is the latest time it has seen,
+-- up to date with now, as Limit.roll does: windows are aligned to
+-- multiples of w since the epoch, and a clock that ran backwards counts
+-- as no time elapsed. It returns the (possibly held) now, the state's new
+-- at, the start of its window, and its counts.
 local function roll(now, at, level, prev, w)
 	if now < at then
 		now = at
 	end
 	local start = quo(now, w) * w
 	if start > at then
-		if start - at == w then
+		if start - at <= w then -- at was in the window before
 			prev = level
 		else
 			prev = 0
 		end
 		level = 0
-		at = start
 	end
-	return now, at, level, prev
+	return now, start, level, prev
 end
 
 -- owe is algorithms' owe: level + x, capped at OwedCap (2^50) or at level

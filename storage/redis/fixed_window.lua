@@ -1,6 +1,7 @@
 -- fixed_window.lua: the twin of Limit.fixedWindow, and as fixedperiod of
--- Limit.fixedPeriod (a calendar window). The state is a hash {at = window
--- start, level = count in milli-units, grant = quota granted for the
+-- Limit.fixedPeriod (a calendar window). The state is a hash {at = the
+-- latest time seen (its window is the one that holds it), or for a
+-- calendar window its window's start, level = count in milli-units, grant = quota granted for the
 -- window in milli-units (absent when none), and for a calendar window end
 -- = the window's end}.
 -- x = cost in milli-units, or for op 'g' (grant) the amount granted.
@@ -75,21 +76,22 @@ local function fixedwindow(key, op, now, x, ta, _, w, limit)
 	local before = tonumber(s[1]) or 0
 	local grant = tonumber(s[3]) or 0
 	local g0 = grant
-	local at, level
-	now, at, level = roll(now, before, tonumber(s[2]) or 0, 0, w)
-	if at ~= before then
+	local start, level
+	now, start, level = roll(now, before, tonumber(s[2]) or 0, 0, w)
+	local at = now
+	if start > before then
 		grant = 0 -- a grant ends with its window
 	end
 
 	if op == 'u' then
 		-- Only to the window it was charged in, if that is this one: cost
 		-- taken in an earlier window is already forgotten.
-		if at == quo(ta, w) * w then
+		if start == quo(ta, w) * w then
 			level = math.max(0, level - x)
 		end
 		local reset = 0
 		if level > 0 or grant > 0 then
-			reset = at + w - now
+			reset = start + w - now
 		end
 		if grant ~= g0 then
 			save(key, reset, now - raw, 'at', at, 'level', level, 'grant', grant)
@@ -98,7 +100,7 @@ local function fixedwindow(key, op, now, x, ta, _, w, limit)
 		end
 		return nil
 	end
-	return fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, at + w - now)
+	return fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, start + w - now)
 end
 algs.fw = fixedwindow
 

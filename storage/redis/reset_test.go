@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,30 @@ func TestResetThenUndoParity(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
 	ctx := context.Background()
+	// Still open (issue 46's follow-up), in both stores alike: gcra's
+	// state keeps its debt's end, not the latest time a decision on it
+	// was made at, so that a reset on a clock that ran back is dated
+	// before a charge made before its debt's end and given back since
+	// (notSeen: over-admission); and a sliding_log's fresh state (no
+	// entries) holds no clock, so that a take since, on the clock that
+	// ran back, is dated before the reset and its give-back gives nothing
+	// (notHeld: it errs towards refusing).
+	notSeen := []algorithms.Kind{algorithms.GCRA}
+	notHeld := []algorithms.Kind{algorithms.SlidingLog}
+	// Nor does a reset on a clock that has not run back (yet) leave a
+	// state that holds it (the key would outlive its reset: in memory
+	// until a sweep finds the clock past it, on Redis for how long?): a
+	// take since, on a clock that runs back after the reset, is dated
+	// before it, and its excess is forgiven (notAfter: over-admission).
+	notAfter := []algorithms.Kind{algorithms.FixedWindow, algorithms.SlidingWindow,
+		algorithms.TokenBucket, algorithms.GCRA, algorithms.LeakyBucket}
+	open := map[string][]algorithms.Kind{
+		"pre, the clock back at the reset":                     notSeen,
+		"settled to nothing, pre, the clock back at the reset": notSeen,
+		"excess forgiven, pre, the clock back at the reset":    notSeen,
+		"post, the clock back at the reset":                    notHeld,
+		"excess owed, post, the clock back after the reset":    notAfter,
+	}
 	traces := []struct {
 		name  string
 		steps []resetStep
@@ -61,6 +86,23 @@ func TestResetThenUndoParity(t *testing.T) {
 		{"settled to nothing at the reset's µs", []resetStep{{'T', 0, 0}, {'R', 1, 0}, {'T', 0, 0}, {'T', 1, 0}, {'S', 1, 1}, {'T', 1, 0}}, false},
 		{"excess owed at the reset's µs", []resetStep{{'T', 0, 0}, {'R', 1, 0}, {'T', 0, 0}, {'O', 1, 1}, {'T', 1, 0}}, false},
 		{"excess owed at the reset's µs, the take first", []resetStep{{'T', 0, 0}, {'R', 0, 0}, {'O', 1, 0}, {'T', 1, 0}}, false},
+		// The clock ran backwards between the take and the reset (Redis's
+		// TIME stepped back): the take still came before the reset, so
+		// its give-back gives nothing and its excess is forgiven, though
+		// the reset's clock reads earlier than the take's (the reset is
+		// dated after the latest time the state has seen: see
+		// storage.ResetAt).
+		{"pre, the clock back at the reset", []resetStep{{'T', 10, 0}, {'R', -5, 0}, {'T', 1, 0}, {'T', 1, 0}, {'U', 1, 0}, {'T', 1, 0}}, false},
+		{"settled to nothing, pre, the clock back at the reset", []resetStep{{'T', 10, 0}, {'R', -5, 0}, {'T', 1, 0}, {'T', 1, 0}, {'S', 1, 0}, {'T', 1, 0}}, false},
+		{"excess forgiven, pre, the clock back at the reset", []resetStep{{'T', 10, 0}, {'R', -5, 0}, {'O', 1, 0}, {'T', 1, 0}, {'T', 1, 0}}, true},
+		// A take since the reset, on the clock that ran back, is given
+		// back, and owes, as ever (the fresh state holds the clock after
+		// the reset's date: see algorithms.Limit.HeldAt).
+		{"post, the clock back at the reset", []resetStep{{'T', 10, 0}, {'R', -5, 0}, {'T', 1, 0}, {'T', 1, 0}, {'U', 1, 2}, {'T', 1, 0}}, true},
+		{"excess owed, post, the clock back at the reset", []resetStep{{'T', 10, 0}, {'R', -5, 0}, {'T', 1, 0}, {'O', 1, 1}, {'T', 1, 0}}, false},
+		// The clock runs back after the reset: a take since is still
+		// after it, and owes its excess.
+		{"excess owed, post, the clock back after the reset", []resetStep{{'T', 0, 0}, {'R', 10, 0}, {'T', -5, 0}, {'O', 1, 1}, {'T', 1, 0}}, false},
 	}
 	kinds := []algorithms.Kind{algorithms.FixedWindow, algorithms.SlidingWindow, algorithms.SlidingLog,
 		algorithms.TokenBucket, algorithms.GCRA, algorithms.LeakyBucket}
@@ -76,6 +118,9 @@ func TestResetThenUndoParity(t *testing.T) {
 					continue // it cannot owe (algorithms.Limit.CanSettle)
 				}
 				t.Run(mode+"/"+kind.String()+"/"+tr.name, func(t *testing.T) {
+					if slices.Contains(open[tr.name], kind) {
+						t.Skipf("open: %s does not keep the latest time its state has seen (see notSeen, notHeld)", kind)
+					}
 					name := fmt.Sprintf("rs-%s-%s", mode, kind)
 					key := tr.name
 					zl := zoneOf(s, name, l)
@@ -127,6 +172,87 @@ func TestResetThenUndoParity(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// A bucket or epoch window reset on a clock that ran back is left a fresh
+// state that holds the clock a µs after the reset's mark (storage.ResetAt), in Redis
+// as in memory, for as long as the clock reads before it: a give-back
+// that empties it does not delete it (production keeps no TTL slack),
+// nor does a sweep forget it, so that every decision since is dated after
+// the reset. Before, a decision since was dated on the clock that ran
+// back, before the reset: its excess was forgiven, its give-back lost.
+func TestResetHoldsTheClock(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := context.Background()
+	const back = 60_000_000 // µs the clock runs back: a minute
+	for _, kind := range []algorithms.Kind{algorithms.TokenBucket, algorithms.LeakyBucket, algorithms.FixedWindow, algorithms.SlidingWindow} {
+		t.Run(kind.String(), func(t *testing.T) {
+			l := mustLimit(t, kind, 2, time.Hour, 0, 0)
+			s := New(c, "held:")
+			s.callerClock = true // no TTL slack: a fresh state is deleted, as in production
+			name := "held-" + kind.String()
+			zl := zoneOf(s, name, l)
+			mem := memory.New(storage.Zone{Name: name, Limit: l})
+			rkey := s.key("k", keyTail(name, l.Kind))
+			take := func(step string, now int64) algorithms.Decision {
+				t.Helper()
+				want, _ := mem.Take(ctx, "k", now, algorithms.Milli)
+				want.Entry = 0
+				got, err := zl.Take(ctx, "k", now, algorithms.Milli)
+				if err != nil {
+					t.Fatalf("%s: Take: %v", step, err)
+				}
+				if got != want {
+					t.Fatalf("%s: Take(now=%d) = %+v on Redis, %+v in memory", step, now, got, want)
+				}
+				return got
+			}
+			undo := func(now int64, d algorithms.Decision) {
+				t.Helper()
+				mem.Undo(ctx, "k", now, algorithms.Milli, d)
+				if err := zl.Undo(ctx, "k", now, algorithms.Milli, d); err != nil {
+					t.Fatal(err)
+				}
+			}
+			held := func(step string, now int64) {
+				t.Helper()
+				if !exists(t, c, rkey) {
+					t.Fatalf("%s: %s was deleted while it holds the clock", step, rkey)
+				}
+				if ms := pttl(t, c, rkey); ms > back/1000+1 {
+					t.Errorf("%s: PTTL(%s) = %d ms, want at most the %d ms until the clock reaches the time it holds", step, rkey, ms, back/1000+1)
+				}
+				if mem.Sweep(now); mem.Len() != 1 {
+					t.Fatalf("%s: the memory store's sweep forgot the key while it holds the clock", step)
+				}
+			}
+
+			t0 := epoch
+			take("the take before", t0+back)
+			for _, st := range []struct {
+				name  string
+				store interface {
+					Reset(context.Context, string, int64) (bool, error)
+				}
+			}{{"Redis", zl}, {"memory", mem}} {
+				if ok, err := st.store.Reset(ctx, "k", t0); !ok || err != nil {
+					t.Fatalf("%s: Reset = %v, %v; want true", st.name, ok, err)
+				}
+			}
+			hold := t0 + back + 2
+			held("after the reset", t0+1)
+			d := take("the take since", t0+1)
+			if d.At != hold || !d.Allowed {
+				t.Fatalf("the take since the reset = %+v, want admitted at %d (the clock held)", d, hold)
+			}
+			undo(t0+2, d) // all of it: the state is fresh again, but holds the clock
+			held("after the give-back", t0+3)
+			if d := take("the next take", t0+3); d.At != hold {
+				t.Errorf("the next take = %+v, want it at %d (the clock held)", d, hold)
+			}
+		})
 	}
 }
 

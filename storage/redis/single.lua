@@ -30,12 +30,16 @@
 -- changed: the id is set, in the same script, only by the grant it
 -- names).
 --
--- A reset deletes the key and marks the time it did so (the time its
--- state held, if the clock ran backwards) in KEYS[2]: an undo of a charge
--- made at or before the mark gives nothing back (the reset gave it back),
--- so that it cannot take from what the key was charged since; nor is an
--- excess settled ('o') for a charge made before it (the reset forgave it). The mark
--- is kept as long as a charge counts (storage.Horizon).
+-- A reset deletes the key and marks the time it did so in KEYS[2] (if
+-- the clock ran backwards, a µs after the latest time its state had
+-- seen: storage.ResetAt): an undo of a charge made at or before the mark
+-- gives nothing back (the reset gave it back), so that it cannot take
+-- from what the key was charged since; nor is an excess settled ('o')
+-- for a charge made before it (the reset forgave it). The mark is kept
+-- as long as a charge counts (storage.Horizon). A bucket or an epoch
+-- window reset on a clock that ran back is left a fresh state that holds
+-- the clock a µs after the mark (Limit.HeldAt), until the clock reaches
+-- it: a decision since is dated after the reset.
 slack = tonumber(ARGV[3])
 staged = nil -- see common.lua
 local op = ARGV[1]
@@ -98,17 +102,31 @@ end
 if (op == 'x' or op == 'u' or op == 'o' or op == 'e') and KEYS[2] then
 	local mark = tonumber(redis.call('GET', KEYS[2]))
 	if op == 'x' then
+		-- storage.ResetAt: dated now, or the last mark if later, or, if
+		-- the state has seen a later time still (the clock ran back),
+		-- one µs after it, and a bucket's or an epoch window's fresh
+		-- state then holds the clock one µs later still (Limit.HeldAt),
+		-- for as long as the clock reads before it.
 		local now = clock(ARGV[2])
-		local d = algs[ARGV[7]](KEYS[1], 'p', now, 0, 0, 0,
+		local code = ARGV[7]
+		local d = algs[code](KEYS[1], 'p', now, 0, 0, 0,
 			tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]))
-		if d and d[6] > now then
-			now = d[6]
+		local at = now
+		if mark and mark > at then
+			at = mark
 		end
-		if mark and mark > now then
-			now = mark
+		local hold = at
+		if d and d[6] > at then
+			at = d[6] + 1
+			hold = at + 1
 		end
-		redis.call('SET', KEYS[2], now, 'PX', tonumber(ARGV[4]) + slack)
-		return {redis.call('DEL', KEYS[1])}
+		redis.call('SET', KEYS[2], at, 'PX', tonumber(ARGV[4]) + slack)
+		local n = redis.call('DEL', KEYS[1])
+		if n == 1 and hold > now and (code == 'tb' or code == 'lb' or code == 'fw' or code == 'sw') then
+			redis.call('HSET', KEYS[1], 'at', hold, 'level', 0)
+			redis.call('PEXPIRE', KEYS[1], quo(hold - now + 999, 1000) + slack)
+		end
+		return {n}
 	end
 	-- At the mark's very µs the charge may have come before the reset or
 	-- after: a give-back then gives nothing (it must not mint), an

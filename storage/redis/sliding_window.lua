@@ -1,5 +1,6 @@
 -- sliding_window.lua: the twin of Limit.slidingWindow. The state is a hash
--- {at = window start, level = this window's count, prev = the previous
+-- {at = the latest time seen (the current window is the one that holds
+-- it), level = this window's count, prev = the previous
 -- window's count, grant = quota granted for this window (absent when
 -- none)}, counts in milli-units.
 -- x = cost in milli-units, or for op 'g' (grant) the amount granted;
@@ -45,9 +46,10 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	local before = tonumber(s[1]) or 0
 	local grant = tonumber(s[4]) or 0
 	local g0 = grant
-	local at, level, prev
-	now, at, level, prev = roll(now, before, tonumber(s[2]) or 0, tonumber(s[3]) or 0, w)
-	if at ~= before then
+	local start, level, prev
+	now, start, level, prev = roll(now, before, tonumber(s[2]) or 0, tonumber(s[3]) or 0, w)
+	local at = now
+	if start > before then
 		-- A grant ends with its window, and so does what it admitted: the
 		-- next window weighs only the rest.
 		prev = math.max(0, prev - grant)
@@ -57,7 +59,7 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 		grant = math.min(grant + x, maxgrant)
 		x = 1000
 	end
-	local e = now - at
+	local e = now - start
 	local tonext = w - e
 
 	-- fresh is slidingReset: µs until both windows' counts have slid out.
@@ -87,9 +89,9 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	if op == 'u' then
 		-- To the window it was charged in, while the state counts it.
 		local charged = quo(ta, w) * w
-		if charged == at then
+		if charged == start then
 			level = math.max(0, level - x)
-		elseif charged == at - w then
+		elseif charged == start - w then
 			prev = math.max(0, prev - x)
 		end
 		persist()
