@@ -4,23 +4,23 @@ package algorithms
 // as LIVED): each changes no decision, for the reason given. Lines as of
 // the commit that wrote this note; the mutation is gremlins'.
 //
-//   - window.go:162 `prev <= 0` to `prev < 0`, and `toNext <= 0` to
+//   - window.go:174 `prev <= 0` to `prev < 0`, and `toNext <= 0` to
 //     `toNext < 0`: at 0 the product is 0, and the division gives 0.
-//   - window.go:196 `room >= 0` to `room > 0`: at room 0 the next
+//   - window.go:208 `room >= 0` to `room > 0`: at room 0 the next
 //     window's branch waits W - e plus decayed(limit - cost, limit - cost,
 //     0) = 0, as decayed(prev, 0, e+1) - e does (the weight is 0 only at
 //     the window's end).
-//   - window.go:199 `e+1` to `e-1`: the request was refused at e, so it
+//   - window.go:211 `e+1` to `e-1`: the request was refused at e, so it
 //     does not fit at e or before (the weight never grows with e'); the
 //     search from e-1 ends where the search from e+1 does.
-//   - window.go:244 `s.Head > 0` to `>= 0`: at 0, max(0, 0 - cost) is 0.
-//   - window.go:266 `g > 0` to `g >= 0`: with no whole event granted,
+//   - window.go:256 `s.Head > 0` to `>= 0`: at 0, max(0, 0 - cost) is 0.
+//   - window.go:278 `g > 0` to `g >= 0`: with no whole event granted,
 //     now + wait is the entry's end, and max(s.At, the same entry's end)
 //     is that end whenever now + wait >= s.At.
-//   - window.go:301 `s.Prev > 0` to `>= 0`: with Prev 0 the grant's end
+//   - window.go:322 `s.Prev > 0` to `>= 0`: with Prev 0 the grant's end
 //     At is read nowhere (every reader asks Prev > 0 first), so zeroing
 //     it changes nothing.
-//   - window.go:337 `c > minLog` to `c >= minLog`: a ring of minLog
+//   - window.go:365 `c > minLog` to `c >= minLog`: a ring of minLog
 //     halves to max(minLog, c/2) = minLog, itself.
 //   - limit.go:187 `scale < MaxScale` to `<=`: w/events >= 1, so at
 //     scale 1024 w*scale/events >= 1024 >= precision and the loop has
