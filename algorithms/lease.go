@@ -201,3 +201,32 @@ func (l *Limit) LeaseEnd(s *State, now, unspent, life int64, taken int64) {
 		l.windowUndo(s, now, l.LeaseCredit(unspent, life, 0), Decision{At: taken})
 	}
 }
+
+// LeaseBack is when a lease that LeaseTake took, deciding d, for lived µs
+// is back at the latest, on the store's clock: at its end plus delay µs,
+// the time its holder takes to give back what is left of it, and for a
+// window no later than the window's end (the lease's end, if it ends
+// with the window: what is left of it then counts for nothing more). A
+// store keeps the latest of its key's leases' (Redis: the key's back) so
+// that a rejection is told no later than that (LeaseWait).
+func (l *Limit) LeaseBack(d *Decision, lived, delay int64) int64 {
+	back := d.At + lived + delay
+	switch l.Kind {
+	case FixedWindow:
+		back = min(back, d.At+d.Reset) // a charged window is fresh at its end
+	case SlidingWindow:
+		back = min(back, d.At+l.Window-d.At%l.Window)
+	}
+	return back
+}
+
+// LeaseWait caps the Wait of a rejection d at back, when the quota out
+// in a key's leases is back (LeaseBack): what is left of them may then
+// admit the request sooner than the state alone tells. It is a hint: the
+// leases may be spent, or their quota taken first by another request. A
+// rejection that can never be admitted (Wait Never) keeps its Wait.
+func LeaseWait(d *Decision, back int64) {
+	if !d.Allowed && d.Wait > 0 && d.Wait != Never && back > d.At {
+		d.Wait = min(d.Wait, back-d.At)
+	}
+}

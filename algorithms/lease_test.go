@@ -279,3 +279,58 @@ func TestLeaseRoomBucket(t *testing.T) {
 		t.Fatalf("LeaseTake of no life = %+v, %d; want admitted, none leased", d, n)
 	}
 }
+
+func TestLeaseWait(t *testing.T) {
+	const at = 1_000_000
+	tests := []struct {
+		name       string
+		d          Decision
+		back, wait int64
+	}{
+		{"a rejection told when the lease is back", Decision{Wait: 60_000_000, At: at}, at + 400_000, 400_000},
+		{"a rejection that waits less keeps its wait", Decision{Wait: 300_000, At: at}, at + 400_000, 300_000},
+		{"a lease back already tells nothing", Decision{Wait: 60_000_000, At: at}, at, 60_000_000},
+		{"no lease", Decision{Wait: 60_000_000, At: at}, 0, 60_000_000},
+		{"a cost above the capacity never fits", Decision{Wait: Never, At: at}, at + 400_000, Never},
+		{"an admission waits for nothing", Decision{Allowed: true, At: at}, at + 400_000, 0},
+	}
+	for _, tt := range tests {
+		d := tt.d
+		LeaseWait(&d, tt.back)
+		if d.Wait != tt.wait {
+			t.Errorf("%s: LeaseWait(%+v, %d): Wait %d, want %d", tt.name, tt.d, tt.back, d.Wait, tt.wait)
+		}
+	}
+}
+
+// TestLeaseBack: a lease is back at its end plus the delay, and a window's
+// no later than the window's end.
+func TestLeaseBack(t *testing.T) {
+	const sec = 1_000_000
+	start := int64(1_767_225_600) * sec // a minute's start
+	tb, fw, sw := mustNew(t, TokenBucket, 10, 60*sec, 300), mustNew(t, FixedWindow, 500, 60*sec, 0), mustNew(t, SlidingWindow, 500, 60*sec, 0)
+	life, delay := int64(250_000), int64(150_000)
+	tests := []struct {
+		name        string
+		l           Limit
+		at          int64 // the lease's time
+		lived, back int64
+	}{
+		{"token_bucket", tb, start + 59*sec, life, start + 59*sec + life + delay},
+		{"fixed_window mid-window", fw, start + 10*sec, life, start + 10*sec + life + delay},
+		{"fixed_window near its end", fw, start + 60*sec - 300_000, life, start + 60*sec},
+		{"fixed_window's lease that ends with it", fw, start + 60*sec - 100_000, 100_000, start + 60*sec},
+		{"sliding_window mid-window", sw, start + 10*sec, life, start + 10*sec + life + delay},
+		{"sliding_window near its end", sw, start + 60*sec - 300_000, life, start + 60*sec},
+	}
+	for _, tt := range tests {
+		s := NewState(&tt.l)
+		d, n, lived := tt.l.LeaseTake(&s, nil, tt.at, Milli, 10, life)
+		if n == 0 || lived != tt.lived {
+			t.Fatalf("%s: LeaseTake at %d: %d events for %dµs, want a lease for %dµs", tt.name, tt.at, n, lived, tt.lived)
+		}
+		if got := tt.l.LeaseBack(&d, lived, delay); got != tt.back {
+			t.Errorf("%s: LeaseBack(%+v, %d, %d) = %d, want %d", tt.name, d, lived, delay, got, tt.back)
+		}
+	}
+}

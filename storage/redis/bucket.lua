@@ -1,6 +1,6 @@
 -- bucket.lua: token_bucket and leaky_bucket, the twin of Limit.bucket.
 -- The state is a hash {at = last refill in µs, level = debt in ticks of
--- 1/scale µs}.
+-- 1/scale µs, and back, see common.lua}.
 -- x = inc(cost) in ticks; c1 tau (ticks), c2 unit (ticks), c3 max delay
 -- (µs; 0 polices, > 0 shapes), c4 scale (ticks per µs).
 
@@ -61,12 +61,13 @@ end
 local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 	local commit, write, never = mode(op)
 	local raw = now
-	local s = hget(key, 'at', 'level')
+	local s = hget(key, 'at', 'level', 'back')
 	if op == 'p' and not s[1] then
 		return nil
 	end
 	local at = tonumber(s[1]) or 0
 	local level = tonumber(s[2]) or 0
+	local back = tonumber(s[3]) or 0
 
 	if now < at then
 		now = at -- the clock ran backwards: no time has elapsed
@@ -94,7 +95,7 @@ local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 	if write then
 		save(key, micros(level, scale), now - raw, 'at', at, 'level', level)
 	end
-	return d
+	return leasewait(d, back)
 end
 algs.tb = bucket
 algs.lb = bucket

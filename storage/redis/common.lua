@@ -294,6 +294,65 @@ local function commit()
 	end
 end
 
+-- back: a lease call (single.lua's op 'q') leaves on its key when the
+-- latest lease taken on it is back at the latest: its end plus the time
+-- its instance takes to return what is left of it (quota.go's
+-- returnDelay), and for a window no later than the window's end, in µs
+-- on the script's clock (algorithms.Limit.LeaseBack). A hash state keeps
+-- it in its field back, gcra's string after a ';'. Only lease calls write
+-- it; the decision functions read it with their state, keep it as they
+-- found it, and tell a rejection no later than it (leasewait).
+
+-- leasewait caps the wait of a rejection d at back, as
+-- algorithms.LeaseWait: quota out in leases may be back sooner than the
+-- state alone would admit the request. A wait of -1 (never) stays.
+local function leasewait(d, back)
+	if d[1] == 0 and d[4] > 0 and back > d[6] and back - d[6] < d[4] then
+		d[4] = back - d[6]
+	end
+	return d
+end
+
+-- splitback splits gcra's string state into its TAT part and its back (0
+-- for none).
+local function splitback(v)
+	local i = string.find(v, ';', 1, true)
+	if not i then
+		return v, 0
+	end
+	return string.sub(v, 1, i - 1), tonumber(string.sub(v, i + 1))
+end
+
+-- setback raises the back of key, whose state staged holds written, to
+-- back (a lease call's last step, before commit).
+local function setback(key, back)
+	local st = staged[key]
+	if not st then
+		return
+	end
+	if st.str then
+		if st.dirty and st.s then
+			local s = st.s
+			if type(s) == 'number' then
+				s = int(s) -- sput's number (tostring keeps 14 digits)
+			end
+			local v, old = splitback(s)
+			if back > old then
+				st.s = v .. ';' .. int(back)
+			end
+		end
+		return
+	end
+	if #st.dirty == 0 or back <= (tonumber(st.f.back) or 0) then
+		return
+	end
+	if not st.dirty.back then
+		st.dirty[#st.dirty + 1] = 'back'
+		st.dirty.back = true
+	end
+	st.f.back = back
+end
+
 -- roll brings a window state up to date with now, as Limit.roll does:
 -- windows are aligned to multiples of w since the epoch, and a clock that
 -- ran backwards counts as no time elapsed. It returns the (possibly held)

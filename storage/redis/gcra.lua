@@ -1,6 +1,7 @@
 -- gcra.lua: the twin of Limit.gcra. The state is a string, the theoretical
 -- arrival time (TAT): "<µs>" or, with a fraction of a µs, "<µs>:<ticks>";
--- it changes only when a request is admitted or undone.
+-- it changes only when a request is admitted or undone. A lease call
+-- appends ";<back>" (see common.lua's back), which every write keeps.
 -- x = inc(cost) in ticks; c1 tau, c2 unit, c4 scale (after bucket.lua).
 local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 	local commit, _, never = mode(op)
@@ -8,8 +9,9 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 	if op == 'p' and not v then
 		return nil
 	end
-	local at, frac = 0, 0
+	local at, frac, back = 0, 0, 0
 	if v then
+		v, back = splitback(v)
 		local colon = string.find(v, ':', 1, true)
 		if colon then
 			at, frac = tonumber(string.sub(v, 1, colon - 1)), tonumber(string.sub(v, colon + 1))
@@ -37,10 +39,16 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 		end
 		local t = now + quo(newdebt, scale)
 		local f = newdebt - quo(newdebt, scale) * scale
-		if f == 0 then
+		local tail = ''
+		if back > 0 then
+			tail = ';' .. int(back)
+		end
+		if f == 0 and back == 0 then
 			sput(key, t, ms)
+		elseif f == 0 then
+			sput(key, int(t) .. tail, ms)
 		else
-			sput(key, int(t) .. ':' .. int(f), ms)
+			sput(key, int(t) .. ':' .. int(f) .. tail, ms)
 		end
 	end
 
@@ -73,6 +81,6 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 	if never then
 		d[1], d[4], d[5] = 0, -1, 0
 	end
-	return d
+	return leasewait(d, back)
 end
 algs.gc = gcra

@@ -44,7 +44,9 @@ func leaseLimits(t *testing.T) []algorithms.Limit {
 // through the Go twin (algorithms.Limit.LeaseEnd and LeaseTake) and
 // through single.lua's ops 'q' and 'e' on a real Redis, and wants the
 // same decisions, leases and states at every step; also across a reset,
-// after which a lease taken before it gives nothing back.
+// after which a lease taken before it gives nothing back. A rejection's
+// Wait is no later than when the latest lease is back (the key's back:
+// Limit.LeaseBack and LeaseWait on the Go side).
 func TestLeaseParity(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
@@ -73,6 +75,15 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 	state := algorithms.NewState(&l)
 	var held ended // the lease out, as the store keeps it
 	var resetAt int64
+	var back int64 // the latest lease's back (see common.lua)
+	capped := 0    // rejections whose Wait back shortened
+	leaseWait := func(d *algorithms.Decision) {
+		w := d.Wait
+		algorithms.LeaseWait(d, back)
+		if d.Wait != w {
+			capped++
+		}
+	}
 	now := epoch + rng.Int64N(l.Window)
 	latest := now
 	leases := 0
@@ -82,7 +93,12 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 			now -= rng.Int64N(10 * ms) // a clock that runs backwards
 		}
 		latest = max(latest, now)
-		cost := []int64{1000, 1000, 500, 3000}[rng.IntN(4)]
+		cost := []int64{1000, 1000, 500, 3000, 0}[rng.IntN(5)]
+		if cost == 0 {
+			// A dear request: refused while leases are out, and told
+			// when they are back.
+			cost = 1 + rng.Int64N(l.Capacity())
+		}
 		switch r := rng.IntN(10); {
 		case r < 6: // a lease call
 			want := rng.Int64N(2 * l.Events)
@@ -92,6 +108,10 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 			}
 			var sp *algorithms.Span
 			wantD, wantN, wantLife := l.LeaseTake(&state, sp, now, cost, want, life)
+			leaseWait(&wantD)
+			if wantN > 0 {
+				back = max(back, l.LeaseBack(&wantD, wantLife, returnDelay(life)))
+			}
 			got, n, lived, err := z.lease(ctx, now, rkey, amount(&l, cost), want, life, held)
 			if err != nil {
 				t.Fatalf("step %d: lease(now=%d, cost=%d, want=%d, life=%d): %v", i, now, cost, want, life, err)
@@ -122,6 +142,7 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 			held = ended{}
 		case r < 8:
 			want := l.Take(&state, now, cost)
+			leaseWait(&want)
 			got, err := z.Take(ctx, key, now, cost)
 			if err != nil || got != want {
 				t.Fatalf("step %d: Take(now=%d, cost=%d) = %+v, %v; want %+v (Go)", i, now, cost, got, err, want)
@@ -135,6 +156,7 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 				t.Fatal(err)
 			}
 			state = algorithms.NewState(&l)
+			back = 0
 			resetAt = now
 			if held.taken > now {
 				resetAt = held.taken
@@ -142,6 +164,7 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 		}
 		c := copyState(state)
 		want := l.Peek(&c, now, algorithms.Milli)
+		leaseWait(&want)
 		got, ok, err := z.Peek(ctx, key, now)
 		if err != nil {
 			t.Fatal(err)
@@ -157,6 +180,7 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 	if leases < 10 {
 		t.Fatalf("only %d leases taken: the trace tests little", leases)
 	}
+	t.Logf("%d leases, %d rejections told when a lease is back", leases, capped)
 }
 
 // instances returns n stores on c as n instances would have them

@@ -19,7 +19,10 @@
 --     (ARGV[5]) events for life (ARGV[6]) µs, after ending the lease
 --     ARGV[12..14] (unspent events, taken, life; taken 0: none) as 'e'
 --     does; it returns the decision, the events leased and the lease's
---     life (Limit.LeaseTake).
+--     life (Limit.LeaseTake). A lease raises the key's back (see
+--     common.lua) to its end plus ARGV[15] µs, the time its instance
+--     takes to return it, and no later than its window's end
+--     (Limit.LeaseBack).
 -- 'e' ends a lease taken at ta (ARGV[5]) that lived tr (ARGV[6]) µs with
 --     x unspent events (Limit.LeaseEnd): nothing if the key was reset at
 --     or after ta; returns {}.
@@ -83,15 +86,26 @@ if op == 'q' then
 		debit = n * c2 + life * c4
 	end
 	local after = f(KEYS[1], 't', d[6], debit, 0, 0, c1, c2, c3, c4)
-	commit()
 	if after[1] ~= 1 then
+		commit()
 		return d
 	end
+	-- The µs to the window's end (a fixed_window's Reset, once charged).
+	local wend = nil
 	if code == 'sw' then
-		life = math.min(life, c1 - (after[6] - quo(after[6], c1) * c1))
+		wend = c1 - (after[6] - quo(after[6], c1) * c1)
 	elseif window then
-		life = math.min(life, after[3])
+		wend = after[3]
 	end
+	if wend then
+		life = math.min(life, wend)
+	end
+	local back = after[6] + life + tonumber(ARGV[15])
+	if wend then
+		back = math.min(back, after[6] + wend)
+	end
+	setback(KEYS[1], back)
+	commit()
 	d[2], d[3], d[7], d[8] = after[2] + n, after[3], n, life
 	return d
 end

@@ -1,0 +1,93 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/internal/redistest"
+	"github.com/caddy-tollgate/tollgate/storage"
+)
+
+// TestLeaseBoundsWait: instance A takes a lease on a key, instance B
+// (another store on the same Redis) drains what the key has left by
+// direct decisions and is refused a request of 10 events: B's Wait is no later than when A's
+// lease is back (its end plus returnDelay), for every leasing algorithm,
+// where the key alone would answer the window's end or the bucket's
+// refill, seconds later. On a fake clock.
+func TestLeaseBoundsWait(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	day, err := algorithms.NewCalendarLimit(500, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := []algorithms.Limit{
+		mustLimit(t, algorithms.TokenBucket, 10, time.Minute, 300, 0),
+		mustLimit(t, algorithms.GCRA, 10, time.Minute, 300, 0),
+		mustLimit(t, algorithms.LeakyBucket, 10, time.Minute, 300, 0),
+		mustLimit(t, algorithms.FixedWindow, 500, time.Minute, 0, 0),
+		day,
+		mustLimit(t, algorithms.SlidingWindow, 500, time.Minute, 0, 0),
+	}
+	life := DefaultLeaseLife.Microseconds()
+	for _, mode := range []string{"evalsha", "fcall"} {
+		a, b := newTestStore(c), newTestStore(c)
+		if mode == "fcall" {
+			withFunctions(t, a)
+			withFunctions(t, b)
+		}
+		for li, l := range limits {
+			t.Run(fmt.Sprintf("%s/%s#%d", mode, l.Kind, li), func(t *testing.T) {
+				ctx := context.Background()
+				name := fmt.Sprintf("retry-%s-%d", mode, li)
+				za := a.Zone(storage.Zone{Name: name, Limit: l, Lease: true}).(*zone)
+				zb := b.Zone(storage.Zone{Name: name, Limit: l, Lease: true}).(*zone)
+				now := epoch + 10*ms
+				rkey := za.store.key("k", za.tail)
+				d, n, lived, err := za.lease(ctx, now, rkey, amount(&l, algorithms.Milli), l.Capacity(), life, ended{})
+				if err != nil || n == 0 {
+					t.Fatalf("A's lease: %+v, %d events, %v: want a lease", d, n, err)
+				}
+				back := l.LeaseBack(&d, lived, returnDelay(life))
+				now += ms
+				var got algorithms.Decision
+				for i := 0; ; i++ {
+					if i > int(l.Capacity()/algorithms.Milli) {
+						t.Fatalf("B still admitted after %d requests", i)
+					}
+					if got, err = zb.Take(ctx, "k", now, algorithms.Milli); err != nil {
+						t.Fatal(err)
+					}
+					if !got.Allowed {
+						break
+					}
+				}
+				// A request of 10 events: a bucket refills a fraction of
+				// one sooner than the lease is back (the lease was
+				// charged its life's refill).
+				if got, err = zb.Take(ctx, "k", now, 10*algorithms.Milli); err != nil || got.Allowed {
+					t.Fatalf("B's request of 10 events: %+v, %v: want it refused", got, err)
+				}
+				// What the key alone would answer: the Go algorithm on
+				// the same charges, without the lease's end.
+				s := algorithms.NewState(&l)
+				l.LeaseTake(&s, nil, epoch+10*ms, algorithms.Milli, l.Capacity(), life)
+				alone := l.Take(&s, now, algorithms.Milli)
+				for alone.Allowed {
+					alone = l.Take(&s, now, algorithms.Milli)
+				}
+				alone = l.Take(&s, now, 10*algorithms.Milli)
+				if alone.Wait <= back-now {
+					t.Fatalf("the key alone answers a Wait of %dµs, within the lease's %dµs: the test tests nothing", alone.Wait, back-now)
+				}
+				if got.Wait <= 0 || got.Wait > back-got.At {
+					t.Fatalf("A leased %d events at %d for %dµs; B refused at %d with Wait %dµs, want (0, %d] (A's lease back); the key alone: %dµs",
+						n, d.At, lived, got.At, got.Wait, back-got.At, alone.Wait)
+				}
+			})
+		}
+	}
+}
