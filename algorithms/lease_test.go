@@ -280,25 +280,69 @@ func TestLeaseRoomBucket(t *testing.T) {
 	}
 }
 
-func TestLeaseWait(t *testing.T) {
+// TestLeaseMark: a rejection is told when the leases are back, if what
+// is left with what they hold could admit it.
+func TestLeaseMark(t *testing.T) {
 	const at = 1_000_000
+	out := LeaseMark{Back: at + 400_000, Leased: 5}
 	tests := []struct {
-		name       string
-		d          Decision
-		back, wait int64
+		name string
+		m    LeaseMark
+		d    Decision
+		need int64
+		wait int64
 	}{
-		{"a rejection told when the lease is back", Decision{Wait: 60_000_000, At: at}, at + 400_000, 400_000},
-		{"a rejection that waits less keeps its wait", Decision{Wait: 300_000, At: at}, at + 400_000, 300_000},
-		{"a lease back already tells nothing", Decision{Wait: 60_000_000, At: at}, at, 60_000_000},
-		{"no lease", Decision{Wait: 60_000_000, At: at}, 0, 60_000_000},
-		{"a cost above the capacity never fits", Decision{Wait: Never, At: at}, at + 400_000, Never},
-		{"an admission waits for nothing", Decision{Allowed: true, At: at}, at + 400_000, 0},
+		{"a rejection told when the leases are back", out, Decision{Wait: 60_000_000, At: at}, 1, 400_000},
+		{"what the leases hold and what is left", out, Decision{Remaining: 3, Wait: 60_000_000, At: at}, 8, 400_000},
+		{"more than the leases could give back", out, Decision{Remaining: 3, Wait: 60_000_000, At: at}, 9, 60_000_000},
+		{"a rejection that waits less keeps its wait", out, Decision{Wait: 300_000, At: at}, 1, 300_000},
+		{"leases back already tell nothing", out, Decision{Wait: 60_000_000, At: at + 400_000}, 1, 60_000_000},
+		{"no lease", LeaseMark{}, Decision{Wait: 60_000_000, At: at}, 1, 60_000_000},
+		{"a cost above the capacity never fits", out, Decision{Wait: Never, At: at}, 1, Never},
+		{"an admission waits for nothing", out, Decision{Allowed: true, At: at}, 1, 0},
 	}
 	for _, tt := range tests {
 		d := tt.d
-		LeaseWait(&d, tt.back)
+		tt.m.Wait(&d, tt.need)
 		if d.Wait != tt.wait {
-			t.Errorf("%s: LeaseWait(%+v, %d): Wait %d, want %d", tt.name, tt.d, tt.back, d.Wait, tt.wait)
+			t.Errorf("%s: %+v.Wait(%+v, %d): Wait %d, want %d", tt.name, tt.m, tt.d, tt.need, d.Wait, tt.wait)
+		}
+	}
+
+	// Leases taken while one is out add up; returns take theirs off; a
+	// lease taken once every lease is back starts again.
+	var m LeaseMark
+	steps := []struct {
+		what             string
+		at, n, back      int64 // a lease taken (n > 0) or returned (n < 0)
+		wantBack, wantIn int64
+	}{
+		{"a lease", at, 10, at + 400, at + 400, 10},
+		{"another while it is out", at + 100, 6, at + 500, at + 500, 16},
+		{"the first returned", 0, -10, 0, at + 500, 6},
+		{"more returned than out", 0, -10, 0, at + 500, 0},
+		{"one taken once all are back", at + 500, 4, at + 900, at + 900, 4},
+	}
+	for i, st := range steps {
+		if st.n > 0 {
+			m.Take(st.at, st.n, st.back)
+		} else {
+			m.Return(-st.n)
+		}
+		if m.Back != st.wantBack || m.Leased != st.wantIn {
+			t.Fatalf("step %d (%s): %+v, want Back %d, Leased %d", i, st.what, m, st.wantBack, st.wantIn)
+		}
+	}
+}
+
+func TestLeaseNeed(t *testing.T) {
+	tb, fw := mustNew(t, TokenBucket, 10, 60_000_000, 300), mustNew(t, FixedWindow, 500, 60_000_000, 0)
+	for _, tt := range []struct {
+		l          Limit
+		cost, need int64
+	}{{tb, 1000, 1}, {tb, 1500, 2}, {tb, 1, 1}, {fw, 1000, 1}, {fw, 2001, 3}, {fw, 0, 0}} {
+		if got := tt.l.LeaseNeed(tt.cost); got != tt.need {
+			t.Errorf("%s: LeaseNeed(%d) = %d, want %d", tt.l.Kind, tt.cost, got, tt.need)
 		}
 	}
 }

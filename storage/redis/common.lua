@@ -294,63 +294,122 @@ local function commit()
 	end
 end
 
--- back: a lease call (single.lua's op 'q') leaves on its key when the
--- latest lease taken on it is back at the latest: its end plus the time
--- its instance takes to return what is left of it (quota.go's
--- returnDelay), and for a window no later than the window's end, in µs
--- on the script's clock (algorithms.Limit.LeaseBack). A hash state keeps
--- it in its field back, gcra's string after a ';'. Only lease calls write
--- it; the decision functions read it with their state, keep it as they
--- found it, and tell a rejection no later than it (leasewait).
+-- back and leased: a lease call (single.lua's op 'q') leaves on its key
+-- when the latest lease taken on it is back at the latest (back: its end
+-- plus the time its instance takes to return what is left of it,
+-- quota.go's returnDelay, and for a window no later than the window's
+-- end; µs on the script's clock, algorithms.Limit.LeaseBack) and how many
+-- events the leases taken since the one before was back hold at most
+-- (leased: a lease adds its events, a return takes its events off). A
+-- hash state keeps them in its fields back and leased, gcra's string
+-- after a ';' each (algorithms.LeaseMark is their Go twin). Only lease
+-- calls and returns write them; the decision functions read them with
+-- their state, keep them as they found them, and tell a rejection that
+-- what the leases hold could admit no later than back (leasewait).
 
--- leasewait caps the wait of a rejection d at back, as
--- algorithms.LeaseWait: quota out in leases may be back sooner than the
--- state alone would admit the request. A wait of -1 (never) stays.
-local function leasewait(d, back)
-	if d[1] == 0 and d[4] > 0 and back > d[6] and back - d[6] < d[4] then
+-- leasewait caps the wait of d, the rejection of a request of need whole
+-- events, at back when need is within what is left plus what the leases
+-- hold (LeaseMark.Wait). A wait of -1 (never) stays.
+local function leasewait(d, back, leased, need)
+	if d[1] == 0 and d[4] > 0 and back > d[6] and back - d[6] < d[4] and need <= d[2] + leased then
 		d[4] = back - d[6]
 	end
 	return d
 end
 
--- splitback splits gcra's string state into its TAT part and its back (0
--- for none).
-local function splitback(v)
+-- splitlease splits gcra's string state into its TAT part, its back and
+-- its leased (0 for none).
+local function splitlease(v)
 	local i = string.find(v, ';', 1, true)
 	if not i then
-		return v, 0
+		return v, 0, 0
 	end
-	return string.sub(v, 1, i - 1), tonumber(string.sub(v, i + 1))
+	local j = string.find(v, ';', i + 1, true)
+	return string.sub(v, 1, i - 1), tonumber(string.sub(v, i + 1, j - 1)), tonumber(string.sub(v, j + 1))
 end
 
--- setback raises the back of key, whose state staged holds written, to
--- back (a lease call's last step, before commit).
-local function setback(key, back)
+-- leasetail is what gcra's string state holds after its TAT part.
+local function leasetail(back, leased)
+	if back <= 0 then
+		return ''
+	end
+	return ';' .. int(back) .. ';' .. int(leased)
+end
+
+-- leasemark changes, with f, the back and leased of key, whose state
+-- staged holds (read, or written by a step of the script); a state that
+-- no step wrote keeps its TTL (PTTL), and one that does not exist, or
+-- holds no lease mark, is left alone.
+local function leasemark(key, f)
 	local st = staged[key]
 	if not st then
 		return
 	end
 	if st.str then
-		if st.dirty and st.s then
-			local s = st.s
-			if type(s) == 'number' then
-				s = int(s) -- sput's number (tostring keeps 14 digits)
-			end
-			local v, old = splitback(s)
-			if back > old then
-				st.s = v .. ';' .. int(back)
-			end
+		if not st.s then
+			return
 		end
+		local v = st.s
+		if type(v) == 'number' then
+			v = int(v) -- sput's number (tostring keeps 14 digits)
+		end
+		local b0, l0
+		v, b0, l0 = splitlease(v)
+		local back, leased = f(b0, l0)
+		if back == b0 and leased == l0 then
+			return
+		end
+		if not st.dirty then
+			local ms = redis.call('PTTL', key)
+			if ms <= 0 then
+				return
+			end
+			st.dirty, st.ms = true, ms
+		end
+		st.s = v .. leasetail(back, leased)
 		return
 	end
-	if #st.dirty == 0 or back <= (tonumber(st.f.back) or 0) then
+	local b0, l0 = tonumber(st.f.back) or 0, tonumber(st.f.leased) or 0
+	local back, leased = f(b0, l0)
+	if back == b0 and leased == l0 then
 		return
 	end
-	if not st.dirty.back then
-		st.dirty[#st.dirty + 1] = 'back'
-		st.dirty.back = true
+	if #st.dirty == 0 then
+		if st.del or not st.f.back then
+			return
+		end
+		local ms = redis.call('PTTL', key)
+		if ms <= 0 then
+			return
+		end
+		st.ms = ms
 	end
-	st.f.back = back
+	for _, name in ipairs({'back', 'leased'}) do
+		if not st.dirty[name] then
+			st.dirty[#st.dirty + 1] = name
+			st.dirty[name] = true
+		end
+	end
+	st.f.back, st.f.leased = back, leased
+end
+
+-- leasetaken records a lease of n events taken at at that is back at
+-- back (LeaseMark.Take).
+local function leasetaken(key, at, n, back)
+	leasemark(key, function(b, leased)
+		if b <= at then
+			leased = 0 -- every lease taken before is back
+		end
+		return math.max(b, back), leased + n
+	end)
+end
+
+-- leasereturned records the return of a lease of n events
+-- (LeaseMark.Return).
+local function leasereturned(key, n)
+	leasemark(key, function(b, leased)
+		return b, math.max(0, leased - n)
+	end)
 end
 
 -- roll brings a window state up to date with now, as Limit.roll does:

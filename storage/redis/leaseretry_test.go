@@ -20,18 +20,7 @@ import (
 func TestLeaseBoundsWait(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	day, err := algorithms.NewCalendarLimit(500, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})
-	if err != nil {
-		t.Fatal(err)
-	}
-	limits := []algorithms.Limit{
-		mustLimit(t, algorithms.TokenBucket, 10, time.Minute, 300, 0),
-		mustLimit(t, algorithms.GCRA, 10, time.Minute, 300, 0),
-		mustLimit(t, algorithms.LeakyBucket, 10, time.Minute, 300, 0),
-		mustLimit(t, algorithms.FixedWindow, 500, time.Minute, 0, 0),
-		day,
-		mustLimit(t, algorithms.SlidingWindow, 500, time.Minute, 0, 0),
-	}
+	limits := slowLimits(t)
 	life := DefaultLeaseLife.Microseconds()
 	for _, mode := range []string{"evalsha", "fcall"} {
 		a, b := newTestStore(c), newTestStore(c)
@@ -88,6 +77,75 @@ func TestLeaseBoundsWait(t *testing.T) {
 						n, d.At, lived, got.At, got.Wait, back-got.At, alone.Wait)
 				}
 			})
+		}
+	}
+}
+
+// slowLimits are a limit of each leasing algorithm whose rejections wait
+// seconds, where a lease is back within 0.4 s.
+func slowLimits(t *testing.T) []algorithms.Limit {
+	t.Helper()
+	day, err := algorithms.NewCalendarLimit(500, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []algorithms.Limit{
+		mustLimit(t, algorithms.TokenBucket, 10, time.Minute, 300, 0),
+		mustLimit(t, algorithms.GCRA, 10, time.Minute, 300, 0),
+		mustLimit(t, algorithms.LeakyBucket, 10, time.Minute, 300, 0),
+		mustLimit(t, algorithms.FixedWindow, 500, time.Minute, 0, 0),
+		day,
+		mustLimit(t, algorithms.SlidingWindow, 500, time.Minute, 0, 0),
+	}
+}
+
+// TestLeaseWaitCountsWhatLeasesHold: a rejection is told when the leases
+// are back only if what is left and what they hold could admit it; a
+// lease that is back (or lost with its instance) no longer counts once
+// the leases taken after it are all that is out. fixed_window, fake clock.
+func TestLeaseWaitCountsWhatLeasesHold(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	l := mustLimit(t, algorithms.FixedWindow, 500, time.Minute, 0, 0)
+	a, b := newTestStore(c), newTestStore(c)
+	za := a.Zone(storage.Zone{Name: "held", Limit: l, Lease: true}).(*zone)
+	zb := b.Zone(storage.Zone{Name: "held", Limit: l, Lease: true}).(*zone)
+	ctx := context.Background()
+	rkey := za.store.key("k", za.tail)
+	life := DefaultLeaseLife.Microseconds()
+	now := epoch + 10*ms
+	// A leases and dies with it: never returned.
+	if _, n, _, err := za.lease(ctx, now, rkey, algorithms.Milli, 500, life, ended{}); err != nil || n == 0 {
+		t.Fatalf("A's lease: %d events, %v", n, err)
+	}
+	// Once A's lease is back (by its time), B leases.
+	now += time.Second.Microseconds()
+	d, n, lived, err := zb.lease(ctx, now, rkey, algorithms.Milli, 500, life, ended{})
+	if err != nil || n == 0 {
+		t.Fatalf("B's lease: %d events, %v", n, err)
+	}
+	back := l.LeaseBack(&d, lived, returnDelay(life))
+	now += ms
+	for {
+		got, err := zb.Take(ctx, "k", now, algorithms.Milli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.Allowed {
+			break
+		}
+	}
+	for _, tt := range []struct {
+		need   int64
+		capped bool
+	}{{1, true}, {n, true}, {n + 1, false}} {
+		got, err := zb.Take(ctx, "k", now, tt.need*algorithms.Milli)
+		if err != nil || got.Allowed {
+			t.Fatalf("a request of %d events: %+v, %v: want it refused", tt.need, got, err)
+		}
+		if capped := got.Wait <= back-got.At; capped != tt.capped {
+			t.Errorf("a request of %d events, B's lease of %d out until %dµs later: Wait %dµs; want it told when the lease is back: %v",
+				tt.need, n, back-got.At, got.Wait, tt.capped)
 		}
 	}
 }

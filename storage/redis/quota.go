@@ -227,9 +227,12 @@ func (h *keyLease) want(t time.Duration, life int64) int64 {
 	return 2 * d / algorithms.Milli
 }
 
-// ended is the lease h held, detached from it: what a return gives back.
+// ended is the lease h held, detached from it: what a return gives back
+// (and n, its events, which the key's record of its leases takes off:
+// see common.lua's leased).
 type ended struct {
 	unspent, taken, life int64
+	n                    int64
 }
 
 // detach ends h's lease here and returns it (taken 0: none).
@@ -237,7 +240,7 @@ func (h *keyLease) detach() ended {
 	if h.n == 0 {
 		return ended{}
 	}
-	e := ended{unspent: h.left / algorithms.Milli, taken: h.taken, life: h.life}
+	e := ended{unspent: h.left / algorithms.Milli, taken: h.taken, life: h.life, n: h.n}
 	h.n, h.left, h.taken = 0, 0, 0
 	return e
 }
@@ -397,7 +400,7 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 	case old.taken != 0:
 		b.stats.Expired.Add(1)
 		leaseTotals.Expired.Add(1)
-		old = ended{} // nothing to give back: the script skips the return
+		old = ended{n: old.n} // nothing to give back: the script skips the return, and takes the lease off the key's leased
 	}
 
 	d, n, life, err := z.lease(ctx, now, p.key, p.x, want, b.life, old)
@@ -440,7 +443,7 @@ func (z *zone) lease(ctx context.Context, now int64, rkey string, x, want, life 
 	c := newCall(z.script, z.store.fns.fcall(), 2)
 	c.args = append(c.args, rkey, resetMark(rkey), word(opLease), z.store.clock(now), z.store.ttlSlack, z.arg(x), want, life)
 	c.args = append(c.args, z.constsAt(now)...)
-	c.args = append(c.args, old.unspent, old.taken, old.life, returnDelay(life))
+	c.args = append(c.args, old.unspent, old.taken, old.life, returnDelay(life), old.n)
 	v, err := z.store.run.run(ctx, c)
 	if err != nil {
 		return algorithms.Decision{}, 0, 0, err
@@ -456,6 +459,7 @@ func (z *zone) endLease(ctx context.Context, now int64, rkey string, old ended) 
 	c := newCall(z.script, z.store.fns.fcall(), 2)
 	c.args = append(c.args, rkey, resetMark(rkey), word(opEndLease), z.store.clock(now), z.store.ttlSlack, old.unspent, old.taken, old.life)
 	c.args = append(c.args, z.constsAt(now)...)
+	c.args = append(c.args, old.n)
 	c.await = true
 	v, err := z.store.run.run(ctx, c)
 	if err == nil && len(v) != 0 {
