@@ -300,12 +300,14 @@ end
 -- quota.go's returnDelay, and for a window no later than the window's
 -- end; µs on the script's clock, algorithms.Limit.LeaseBack) and how many
 -- events the leases taken since the one before was back hold at most
--- (leased: a lease adds its events, a return takes its events off). A
--- hash state keeps them in its fields back and leased, gcra's string
--- after a ';' each (algorithms.LeaseMark is their Go twin). Only lease
--- calls and returns write them; the decision functions read them with
--- their state, keep them as they found them, and tell a rejection that
--- what the leases hold could admit no later than back (leasewait).
+-- (leased: a lease adds its events, a return takes its events off), in
+-- the fields back and leased of a hash state (algorithms.LeaseMark is
+-- their Go twin). Only lease calls and returns write them; the decision
+-- functions read them with their state, keep them as they found them,
+-- and tell a rejection that what the leases hold could admit no later
+-- than back (leasewait). gcra's state, a string, keeps none: an older
+-- release sharing the server reads that string as a number, and would
+-- fail on anything added to it (a hash's new fields it ignores).
 
 -- leasewait caps the wait of d, the rejection of a request of need whole
 -- events, at back when need is within what is left plus what the leases
@@ -317,56 +319,13 @@ local function leasewait(d, back, leased, need)
 	return d
 end
 
--- splitlease splits gcra's string state into its TAT part, its back and
--- its leased (0 for none).
-local function splitlease(v)
-	local i = string.find(v, ';', 1, true)
-	if not i then
-		return v, 0, 0
-	end
-	local j = string.find(v, ';', i + 1, true)
-	return string.sub(v, 1, i - 1), tonumber(string.sub(v, i + 1, j - 1)), tonumber(string.sub(v, j + 1))
-end
-
--- leasetail is what gcra's string state holds after its TAT part.
-local function leasetail(back, leased)
-	if back <= 0 then
-		return ''
-	end
-	return ';' .. int(back) .. ';' .. int(leased)
-end
-
--- leasemark changes, with f, the back and leased of key, whose state
--- staged holds (read, or written by a step of the script); a state that
--- no step wrote keeps its TTL (PTTL), and one that does not exist, or
--- holds no lease mark, is left alone.
+-- leasemark changes, with f, the back and leased of key, a hash whose
+-- state staged holds (read, or written by a step of the script); a state
+-- that no step wrote keeps its TTL (PTTL), and one that does not exist,
+-- or holds no lease mark, is left alone, as is gcra's string.
 local function leasemark(key, f)
 	local st = staged[key]
-	if not st then
-		return
-	end
-	if st.str then
-		if not st.s then
-			return
-		end
-		local v = st.s
-		if type(v) == 'number' then
-			v = int(v) -- sput's number (tostring keeps 14 digits)
-		end
-		local b0, l0
-		v, b0, l0 = splitlease(v)
-		local back, leased = f(b0, l0)
-		if back == b0 and leased == l0 then
-			return
-		end
-		if not st.dirty then
-			local ms = redis.call('PTTL', key)
-			if ms <= 0 then
-				return
-			end
-			st.dirty, st.ms = true, ms
-		end
-		st.s = v .. leasetail(back, leased)
+	if not st or st.str then
 		return
 	end
 	local b0, l0 = tonumber(st.f.back) or 0, tonumber(st.f.leased) or 0

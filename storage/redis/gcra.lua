@@ -1,7 +1,6 @@
 -- gcra.lua: the twin of Limit.gcra. The state is a string, the theoretical
 -- arrival time (TAT): "<µs>" or, with a fraction of a µs, "<µs>:<ticks>";
--- it changes only when a request is admitted or undone. Lease calls
--- append ";<back>;<leased>" (see common.lua), which every write keeps.
+-- it changes only when a request is admitted or undone.
 -- x = inc(cost) in ticks; c1 tau, c2 unit, c4 scale (after bucket.lua).
 local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 	local commit, _, never = mode(op)
@@ -9,9 +8,8 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 	if op == 'p' and not v then
 		return nil
 	end
-	local at, frac, back, leased = 0, 0, 0, 0
+	local at, frac = 0, 0
 	if v then
-		v, back, leased = splitlease(v)
 		local colon = string.find(v, ':', 1, true)
 		if colon then
 			at, frac = tonumber(string.sub(v, 1, colon - 1)), tonumber(string.sub(v, colon + 1))
@@ -39,13 +37,10 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 		end
 		local t = now + quo(newdebt, scale)
 		local f = newdebt - quo(newdebt, scale) * scale
-		local tail = leasetail(back, leased)
-		if f == 0 and tail == '' then
+		if f == 0 then
 			sput(key, t, ms)
-		elseif f == 0 then
-			sput(key, int(t) .. tail, ms)
 		else
-			sput(key, int(t) .. ':' .. int(f) .. tail, ms)
+			sput(key, int(t) .. ':' .. int(f), ms)
 		end
 	end
 
@@ -78,6 +73,6 @@ local function gcra(key, op, now, x, ta, tr, tau, unit, _, scale)
 	if never then
 		d[1], d[4], d[5] = 0, -1, 0
 	end
-	return leasewait(d, back, leased, ceildiv(x, unit))
+	return d
 end
 algs.gc = gcra

@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,9 +16,10 @@ import (
 // TestLeaseBoundsWait: instance A takes a lease on a key, instance B
 // (another store on the same Redis) drains what the key has left by
 // direct decisions and is refused a request of 10 events: B's Wait is no later than when A's
-// lease is back (its end plus returnDelay), for every leasing algorithm,
-// where the key alone would answer the window's end or the bucket's
-// refill, seconds later. On a fake clock.
+// lease is back (its end plus returnDelay), for every leasing algorithm
+// but gcra (see markedState), where the key alone would answer the
+// window's end or the bucket's refill, seconds later; gcra answers the
+// latter. On a fake clock.
 func TestLeaseBoundsWait(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
@@ -71,6 +74,12 @@ func TestLeaseBoundsWait(t *testing.T) {
 				alone = l.Take(&s, now, 10*algorithms.Milli)
 				if alone.Wait <= back-now {
 					t.Fatalf("the key alone answers a Wait of %dµs, within the lease's %dµs: the test tests nothing", alone.Wait, back-now)
+				}
+				if !markedState(&l) {
+					if got.Wait != alone.Wait {
+						t.Fatalf("B refused with Wait %dµs, want %dµs, the state's: gcra keeps no lease mark", got.Wait, alone.Wait)
+					}
+					return
 				}
 				if got.Wait <= 0 || got.Wait > back-got.At {
 					t.Fatalf("A leased %d events at %d for %dµs; B refused at %d with Wait %dµs, want (0, %d] (A's lease back); the key alone: %dµs",
@@ -148,4 +157,60 @@ func TestLeaseWaitCountsWhatLeasesHold(t *testing.T) {
 				tt.need, n, back-got.At, got.Wait, tt.capped)
 		}
 	}
+}
+
+// markedState reports whether l's state on Redis keeps its leases' mark
+// (back and leased, see common.lua): a hash does; gcra's string does not
+// (an older release sharing the server parses it).
+func markedState(l *algorithms.Limit) bool {
+	return l.Kind != algorithms.GCRA
+}
+
+// TestLeaseKeepsGCRAStateAsOlderReleasesReadIt: gcra's state stays the
+// string an older release sharing the server parses ("<µs>" or
+// "<µs>:<ticks>") through lease calls, returns and refusals: its leases
+// leave no mark (see markedState).
+func TestLeaseKeepsGCRAStateAsOlderReleasesReadIt(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	l := mustLimit(t, algorithms.GCRA, 10, time.Minute, 300, 0)
+	z := newTestStore(c).Zone(storage.Zone{Name: "gcra-format", Limit: l, Lease: true}).(*zone)
+	ctx := context.Background()
+	rkey := z.store.key("k", z.tail)
+	life := DefaultLeaseLife.Microseconds()
+	now := epoch + 10*ms
+	check := func(what string) {
+		t.Helper()
+		v, err := c.Get(ctx, rkey).Result()
+		if err != nil {
+			t.Fatalf("%s: GET: %v", what, err)
+		}
+		tat, frac, _ := strings.Cut(v, ":")
+		if _, err := strconv.ParseInt(tat, 10, 64); err != nil {
+			t.Fatalf("%s: the state is %q, want <µs>[:<ticks>]", what, v)
+		}
+		if _, err := strconv.ParseInt(frac, 10, 64); frac != "" && err != nil {
+			t.Fatalf("%s: the state is %q, want <µs>[:<ticks>]", what, v)
+		}
+	}
+	d, n, lived, err := z.lease(ctx, now, rkey, amount(&l, algorithms.Milli), 100, life, ended{})
+	if err != nil || n == 0 {
+		t.Fatalf("lease: %+v, %d, %v", d, n, err)
+	}
+	check("after a lease")
+	old := ended{unspent: n / 2, taken: d.At, life: lived, n: n}
+	if _, _, _, err = z.lease(ctx, now+ms, rkey, amount(&l, algorithms.Milli), 100, life, old); err != nil {
+		t.Fatal(err)
+	}
+	check("after a renewal")
+	for i := 0; i < 400; i++ {
+		got, err := z.Take(ctx, "k", now+2*ms, 3*algorithms.Milli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.Allowed {
+			break
+		}
+	}
+	check("after a refusal")
 }
