@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
@@ -756,6 +757,7 @@ func (r *ixRun) request(s ixStep) *http.Request {
 // its status.
 func (r *ixRun) send(s ixStep, step int) int {
 	req := r.request(s)
+	sent := r.now()
 	resp, err := sendUnread(r.t, r.tester.Client, req)
 	if err != nil {
 		r.failf("step %d: %s: %v", step, s, err)
@@ -763,9 +765,36 @@ func (r *ixRun) send(s ixStep, step int) int {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+	r.checkRetryAfter(s, step, resp, sent)
 	r.group++
 	r.record(s, step, resp.StatusCode)
 	return resp.StatusCode
+}
+
+// checkRetryAfter checks the Retry-After of a refusal on ix_lease's path,
+// sent at sent: 1, when what the refusal needed is out in leases that are
+// back within 0.4 s (docs/redis.md#quota-leases), or the window's end,
+// spread by a jitter of at most 0.5; never between, nor later. (A cost
+// above the capacity has none; near the window's end it is not checked.)
+func (r *ixRun) checkRetryAfter(s ixStep, step int, resp *http.Response, sent int64) {
+	if resp.StatusCode != 429 || s.path != ixZoneNamed("ix_lease").paths[0] || resp.Header.Get("Retry-After") == "" {
+		return
+	}
+	got := r.now()
+	ra, err := strconv.ParseInt(resp.Header.Get("Retry-After"), 10, 64)
+	if err != nil || ra < 1 {
+		r.failf("step %d: %s: Retry-After %q", step, s, resp.Header.Get("Retry-After"))
+		return
+	}
+	w := ixWindow.Microseconds()
+	if sent/w != got/w || w-got%w < 3_000_000 {
+		return // the window ends about now
+	}
+	lo := (w-got%w)/1_000_000 - 1
+	hi := int64(math.Ceil(float64(w-sent%w)/1e6*1.5)) + 1
+	if ra > hi || ra > 1 && ra < lo {
+		r.failf("step %d: %s: Retry-After %d, want 1 (leases back) or the window's end, %d to %d", step, s, ra, lo, hi)
+	}
 }
 
 // record notes what a request of step s was answered with.
@@ -1320,6 +1349,9 @@ func (r *ixRun) concurrently(ss []ixStep, step int) {
 			defer wg.Done()
 			// send records under the run's state: one at a time there.
 			req := r.request(s)
+			mu.Lock()
+			sent := r.now()
+			mu.Unlock()
 			resp, err := sendUnread(r.t, r.tester.Client, req) // a reload just before may reset it unread
 			mu.Lock()
 			defer mu.Unlock()
@@ -1330,6 +1362,7 @@ func (r *ixRun) concurrently(ss []ixStep, step int) {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			codes[j] = resp.StatusCode
+			r.checkRetryAfter(s, step, resp, sent)
 		}()
 	}
 	wg.Wait()

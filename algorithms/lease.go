@@ -201,3 +201,67 @@ func (l *Limit) LeaseEnd(s *State, now, unspent, life int64, taken int64) {
 		l.windowUndo(s, now, l.LeaseCredit(unspent, life, 0), Decision{At: taken})
 	}
 }
+
+// LeaseBack is when a lease that LeaseTake took, deciding d, for lived µs
+// is back at the latest, on the store's clock: at its end plus delay µs,
+// the time its holder takes to give back what is left of it, and for a
+// window no later than the window's end (the lease's end, if it ends
+// with the window: what is left of it then counts for nothing more).
+func (l *Limit) LeaseBack(d *Decision, lived, delay int64) int64 {
+	back := d.At + lived + delay
+	switch l.Kind {
+	case FixedWindow:
+		back = min(back, d.At+d.Reset) // a charged window is fresh at its end
+	case SlidingWindow:
+		back = min(back, d.At+l.Window-d.At%l.Window)
+	}
+	return back
+}
+
+// LeaseNeed is the whole events a request of cost milli-units needs, as
+// LeaseMark.Wait compares them with what is left and leased: a bucket's
+// cost rounded up to ticks, then to events.
+func (l *Limit) LeaseNeed(cost int64) int64 {
+	if l.window() {
+		return ceilDiv(cost, Milli)
+	}
+	return ceilDiv(l.inc(cost), l.Unit)
+}
+
+// LeaseMark is what a store shared by instances keeps on a key of the
+// leases out on it, beside the key's State (not in it: a store that does
+// not lease keeps nothing): Back, when the latest lease taken is back at
+// the latest (LeaseBack), and Leased, the events of the leases taken
+// since the one before was back, less those returned, at most what the
+// leases out hold. The zero LeaseMark is a key without leases.
+type LeaseMark struct {
+	Back, Leased int64
+}
+
+// Take records a lease of n events taken at at, back at back.
+func (m *LeaseMark) Take(at, n, back int64) {
+	if m.Back <= at {
+		m.Leased = 0 // every lease taken before is back
+	}
+	m.Back, m.Leased = max(m.Back, back), m.Leased+n
+}
+
+// Return records the return (or the end, with nothing left to return) of
+// a lease of n events.
+func (m *LeaseMark) Return(n int64) {
+	if n > 0 && m.Back > 0 {
+		m.Leased = max(0, m.Leased-n)
+	}
+}
+
+// Wait caps the Wait of d, the rejection of a request of need whole
+// events (LeaseNeed), at m.Back when what is left with what the leases
+// hold could admit it: the quota the leases hold may be back that soon.
+// It is a hint: the leases may be spent meanwhile, or what comes back
+// taken first by another request. A rejection that can never be admitted
+// (Wait Never) keeps its Wait.
+func (m LeaseMark) Wait(d *Decision, need int64) {
+	if !d.Allowed && d.Wait > 0 && d.Wait != Never && m.Back > d.At && need <= d.Remaining+m.Leased {
+		d.Wait = min(d.Wait, m.Back-d.At)
+	}
+}

@@ -279,3 +279,102 @@ func TestLeaseRoomBucket(t *testing.T) {
 		t.Fatalf("LeaseTake of no life = %+v, %d; want admitted, none leased", d, n)
 	}
 }
+
+// TestLeaseMark: a rejection is told when the leases are back, if what
+// is left with what they hold could admit it.
+func TestLeaseMark(t *testing.T) {
+	const at = 1_000_000
+	out := LeaseMark{Back: at + 400_000, Leased: 5}
+	tests := []struct {
+		name string
+		m    LeaseMark
+		d    Decision
+		need int64
+		wait int64
+	}{
+		{"a rejection told when the leases are back", out, Decision{Wait: 60_000_000, At: at}, 1, 400_000},
+		{"what the leases hold and what is left", out, Decision{Remaining: 3, Wait: 60_000_000, At: at}, 8, 400_000},
+		{"more than the leases could give back", out, Decision{Remaining: 3, Wait: 60_000_000, At: at}, 9, 60_000_000},
+		{"a rejection that waits less keeps its wait", out, Decision{Wait: 300_000, At: at}, 1, 300_000},
+		{"leases back already tell nothing", out, Decision{Wait: 60_000_000, At: at + 400_000}, 1, 60_000_000},
+		{"no lease", LeaseMark{}, Decision{Wait: 60_000_000, At: at}, 1, 60_000_000},
+		{"a cost above the capacity never fits", out, Decision{Wait: Never, At: at}, 1, Never},
+		{"an admission waits for nothing", out, Decision{Allowed: true, At: at}, 1, 0},
+	}
+	for _, tt := range tests {
+		d := tt.d
+		tt.m.Wait(&d, tt.need)
+		if d.Wait != tt.wait {
+			t.Errorf("%s: %+v.Wait(%+v, %d): Wait %d, want %d", tt.name, tt.m, tt.d, tt.need, d.Wait, tt.wait)
+		}
+	}
+
+	// Leases taken while one is out add up; returns take theirs off; a
+	// lease taken once every lease is back starts again.
+	var m LeaseMark
+	steps := []struct {
+		what             string
+		at, n, back      int64 // a lease taken (n > 0) or returned (n < 0)
+		wantBack, wantIn int64
+	}{
+		{"a lease", at, 10, at + 400, at + 400, 10},
+		{"another while it is out", at + 100, 6, at + 500, at + 500, 16},
+		{"the first returned", 0, -10, 0, at + 500, 6},
+		{"more returned than out", 0, -10, 0, at + 500, 0},
+		{"one taken once all are back", at + 500, 4, at + 900, at + 900, 4},
+	}
+	for i, st := range steps {
+		if st.n > 0 {
+			m.Take(st.at, st.n, st.back)
+		} else {
+			m.Return(-st.n)
+		}
+		if m.Back != st.wantBack || m.Leased != st.wantIn {
+			t.Fatalf("step %d (%s): %+v, want Back %d, Leased %d", i, st.what, m, st.wantBack, st.wantIn)
+		}
+	}
+}
+
+func TestLeaseNeed(t *testing.T) {
+	tb, fw := mustNew(t, TokenBucket, 10, 60_000_000, 300), mustNew(t, FixedWindow, 500, 60_000_000, 0)
+	for _, tt := range []struct {
+		l          Limit
+		cost, need int64
+	}{{tb, 1000, 1}, {tb, 1500, 2}, {tb, 1, 1}, {fw, 1000, 1}, {fw, 2001, 3}, {fw, 0, 0}} {
+		if got := tt.l.LeaseNeed(tt.cost); got != tt.need {
+			t.Errorf("%s: LeaseNeed(%d) = %d, want %d", tt.l.Kind, tt.cost, got, tt.need)
+		}
+	}
+}
+
+// TestLeaseBack: a lease is back at its end plus the delay, and a window's
+// no later than the window's end.
+func TestLeaseBack(t *testing.T) {
+	const sec = 1_000_000
+	start := int64(1_767_225_600) * sec // a minute's start
+	tb, fw, sw := mustNew(t, TokenBucket, 10, 60*sec, 300), mustNew(t, FixedWindow, 500, 60*sec, 0), mustNew(t, SlidingWindow, 500, 60*sec, 0)
+	life, delay := int64(250_000), int64(150_000)
+	tests := []struct {
+		name        string
+		l           Limit
+		at          int64 // the lease's time
+		lived, back int64
+	}{
+		{"token_bucket", tb, start + 59*sec, life, start + 59*sec + life + delay},
+		{"fixed_window mid-window", fw, start + 10*sec, life, start + 10*sec + life + delay},
+		{"fixed_window near its end", fw, start + 60*sec - 300_000, life, start + 60*sec},
+		{"fixed_window's lease that ends with it", fw, start + 60*sec - 100_000, 100_000, start + 60*sec},
+		{"sliding_window mid-window", sw, start + 10*sec, life, start + 10*sec + life + delay},
+		{"sliding_window near its end", sw, start + 60*sec - 300_000, life, start + 60*sec},
+	}
+	for _, tt := range tests {
+		s := NewState(&tt.l)
+		d, n, lived := tt.l.LeaseTake(&s, nil, tt.at, Milli, 10, life)
+		if n == 0 || lived != tt.lived {
+			t.Fatalf("%s: LeaseTake at %d: %d events for %dµs, want a lease for %dµs", tt.name, tt.at, n, lived, tt.lived)
+		}
+		if got := tt.l.LeaseBack(&d, lived, delay); got != tt.back {
+			t.Errorf("%s: LeaseBack(%+v, %d, %d) = %d, want %d", tt.name, d, lived, delay, got, tt.back)
+		}
+	}
+}

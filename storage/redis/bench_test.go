@@ -173,7 +173,7 @@ func BenchmarkLeaseCallRedisCPU(b *testing.B) {
 					// whole, so that the bucket never runs dry however
 					// long the run (a lease half spent every few ms
 					// drains it: the lease then fails).
-					held[k] = ended{unspent: n, taken: d.At, life: lived}
+					held[k] = ended{unspent: n, taken: d.At, life: lived, n: n}
 				}
 				for i := range keys {
 					call(i)

@@ -1,6 +1,6 @@
 -- bucket.lua: token_bucket and leaky_bucket, the twin of Limit.bucket.
 -- The state is a hash {at = last refill in µs, level = debt in ticks of
--- 1/scale µs}.
+-- 1/scale µs, and back and leased, see common.lua}.
 -- x = inc(cost) in ticks; c1 tau (ticks), c2 unit (ticks), c3 max delay
 -- (µs; 0 polices, > 0 shapes), c4 scale (ticks per µs).
 
@@ -61,7 +61,7 @@ end
 local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 	local commit, write, never = mode(op)
 	local raw = now
-	local s = hget(key, 'at', 'level')
+	local s = hget(key, 'at', 'level', 'back', 'leased')
 	if op == 'p' and not s[1] then
 		return nil
 	end
@@ -94,7 +94,7 @@ local function bucket(key, op, now, x, ta, tr, tau, unit, maxdelay, scale)
 	if write then
 		save(key, micros(level, scale), now - raw, 'at', at, 'level', level)
 	end
-	return d
+	return leasewait(d, tonumber(s[3]) or 0, tonumber(s[4]) or 0, ceildiv(x, unit))
 end
 algs.tb = bucket
 algs.lb = bucket

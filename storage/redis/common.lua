@@ -296,6 +296,83 @@ local function commit()
 	end
 end
 
+-- back and leased: a lease call (single.lua's op 'q') leaves on its key
+-- when the latest lease taken on it is back at the latest (back: its end
+-- plus the time its instance takes to return what is left of it,
+-- quota.go's returnDelay, and for a window no later than the window's
+-- end; µs on the script's clock, algorithms.Limit.LeaseBack) and how many
+-- events the leases taken since the one before was back hold at most
+-- (leased: a lease adds its events, a return takes its events off), in
+-- the fields back and leased of a hash state (algorithms.LeaseMark is
+-- their Go twin). Only lease calls and returns write them; the decision
+-- functions read them with their state, keep them as they found them,
+-- and tell a rejection that what the leases hold could admit no later
+-- than back (leasewait). gcra's state, a string, keeps none: an older
+-- release sharing the server reads that string as a number, and would
+-- fail on anything added to it (a hash's new fields it ignores).
+
+-- leasewait caps the wait of d, the rejection of a request of need whole
+-- events, at back when need is within what is left plus what the leases
+-- hold (LeaseMark.Wait). A wait of -1 (never) stays.
+local function leasewait(d, back, leased, need)
+	if d[1] == 0 and d[4] > 0 and back > d[6] and back - d[6] < d[4] and need <= d[2] + leased then
+		d[4] = back - d[6]
+	end
+	return d
+end
+
+-- leasemark changes, with f, the back and leased of key, a hash whose
+-- state staged holds (read, or written by a step of the script); a state
+-- that no step wrote keeps its TTL (PTTL), and one that does not exist,
+-- or holds no lease mark, is left alone, as is gcra's string.
+local function leasemark(key, f)
+	local st = staged[key]
+	if not st or st.str then
+		return
+	end
+	local b0, l0 = tonumber(st.f.back) or 0, tonumber(st.f.leased) or 0
+	local back, leased = f(b0, l0)
+	if back == b0 and leased == l0 then
+		return
+	end
+	if #st.dirty == 0 then
+		if st.del or not st.f.back then
+			return
+		end
+		local ms = redis.call('PTTL', key)
+		if ms <= 0 then
+			return
+		end
+		st.ms = ms
+	end
+	for _, name in ipairs({'back', 'leased'}) do
+		if not st.dirty[name] then
+			st.dirty[#st.dirty + 1] = name
+			st.dirty[name] = true
+		end
+	end
+	st.f.back, st.f.leased = back, leased
+end
+
+-- leasetaken records a lease of n events taken at at that is back at
+-- back (LeaseMark.Take).
+local function leasetaken(key, at, n, back)
+	leasemark(key, function(b, leased)
+		if b <= at then
+			leased = 0 -- every lease taken before is back
+		end
+		return math.max(b, back), leased + n
+	end)
+end
+
+-- leasereturned records the return of a lease of n events
+-- (LeaseMark.Return).
+local function leasereturned(key, n)
+	leasemark(key, function(b, leased)
+		return b, math.max(0, leased - n)
+	end)
+end
+
 -- roll brings a window state, whose at is the latest time it has seen,
 -- up to date with now, as Limit.roll does: windows are aligned to
 -- multiples of w since the epoch, and a clock that ran backwards counts

@@ -19,14 +19,16 @@ import (
 
 // A deny cache lets an instance answer a request that Redis just rejected,
 // when the same request (the same zones, keys and costs, or a dearer one)
-// comes again, without a round trip: a rejection says exactly how long the
-// request is refused (its Wait), and nothing but a give-back or a reset can
-// make the shared state admit it sooner. So the cache only ever rejects, and
-// only what Redis would reject, but for those two: a reset through the
-// admin API is published on Redis pub/sub and clears the key on every
-// instance that listens, and no entry is trusted for longer than
-// DenyCacheFor, which bounds how early a give-back on another instance (a
-// shaped client leaving) or a reset whose message was lost can be missed.
+// comes again, without a round trip: a rejection says how long the request
+// is refused at least (its Wait: exactly, or until the quota out in leases
+// is back, if sooner: see common.lua's back), and nothing but a give-back
+// or a reset can make the shared state admit it sooner. So the cache only
+// ever rejects, and only what Redis would reject, but for those two: a
+// reset through the admin API is published on Redis pub/sub and clears
+// the key on every instance that listens, and no entry is trusted for
+// longer than DenyCacheFor, which bounds how early a give-back on another
+// instance (a shaped client leaving) or a reset whose message was lost can
+// be missed.
 
 // DenyCacheFor is the longest a cached rejection is trusted, in µs: 1s.
 const DenyCacheFor int64 = 1_000_000

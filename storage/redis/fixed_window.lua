@@ -2,8 +2,8 @@
 -- Limit.fixedPeriod (a calendar window). The state is a hash {at = the
 -- latest time seen (its window is the one that holds it), or for a
 -- calendar window its window's start, level = count in milli-units, grant = quota granted for the
--- window in milli-units (absent when none), and for a calendar window end
--- = the window's end}.
+-- window in milli-units (absent when none), for a calendar window end =
+-- the window's end, and back and leased (see common.lua)}.
 -- x = cost in milli-units, or for op 'g' (grant) the amount granted.
 -- fixedwindow: c1 window w in µs, c2 limit (events * 1000).
 -- fixedperiod: c1, c3, c4 the span's start, mid and end (two calendar
@@ -13,8 +13,8 @@
 -- whose window ends tonext µs later, and writes it if op writes; a grant
 -- ('g') adds x to the grant and answers as a peek for one event. g0 is
 -- the grant the key held; ... the state's fields beyond at, level and
--- grant.
-local function fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, tonext, ...)
+-- grant; back and leased the key's leases' (see common.lua).
+local function fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, back, leased, tonext, ...)
 	local commit, write, never = mode(op)
 	if op == 'g' then
 		grant = math.min(grant + x, maxgrant)
@@ -61,7 +61,7 @@ local function fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, to
 			save(key, fresh(), now - raw, 'at', at, 'level', level, ...)
 		end
 	end
-	return d
+	return leasewait(d, back, leased, ceildiv(x, 1000))
 end
 
 local function fixedwindow(key, op, now, x, ta, _, w, limit)
@@ -69,7 +69,7 @@ local function fixedwindow(key, op, now, x, ta, _, w, limit)
 		op, x = 'u', x * 1000 -- Limit.LeaseEnd: x unspent events
 	end
 	local raw = now
-	local s = hget(key, 'at', 'level', 'grant')
+	local s = hget(key, 'at', 'level', 'grant', 'back', 'leased')
 	if op == 'p' and not s[1] then
 		return nil
 	end
@@ -100,7 +100,9 @@ local function fixedwindow(key, op, now, x, ta, _, w, limit)
 		end
 		return nil
 	end
-	return fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, start + w - now)
+	-- A lease's back is no later than its window's end: one of an
+	-- earlier window is past.
+	return fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, tonumber(s[4]) or 0, tonumber(s[5]) or 0, start + w - now)
 end
 algs.fw = fixedwindow
 
@@ -109,7 +111,7 @@ local function fixedperiod(key, op, now, x, ta, _, s0, limit, s1, s2)
 		op, x = 'u', x * 1000 -- Limit.LeaseEnd: x unspent events
 	end
 	local raw = now
-	local s = hget(key, 'at', 'level', 'grant', 'end')
+	local s = hget(key, 'at', 'level', 'grant', 'end', 'back', 'leased')
 	if op == 'p' and not s[1] then
 		return nil
 	end
@@ -145,6 +147,6 @@ local function fixedperiod(key, op, now, x, ta, _, s0, limit, s1, s2)
 		end
 		level, grant = 0, 0
 	end
-	return fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, fin - now, 'end', fin)
+	return fixeddecide(key, op, now, raw, x, limit, at, level, grant, g0, tonumber(s[5]) or 0, tonumber(s[6]) or 0, fin - now, 'end', fin)
 end
 algs.fc = fixedperiod

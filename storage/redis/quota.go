@@ -51,6 +51,20 @@ import (
 // reaches this one within it.
 const DefaultLeaseLife = 250 * time.Millisecond
 
+// returnSlack is the round trip of a lease's return, in µs, as
+// returnDelay counts it.
+const returnSlack = 25_000
+
+// returnDelay is how long, in µs, after a lease of life µs ends on
+// Redis's clock, a live instance has given back what is left of it at the
+// latest: the sweep returns a lease that has been over for a quarter of a
+// life and runs every quarter of a life (see sweep), and the return takes
+// a round trip. A lease call leaves its lease's end plus this on the key,
+// so that a rejection is told no later than that (see single.lua).
+func returnDelay(life int64) int64 {
+	return life/2 + returnSlack
+}
+
 // leaseShards is how many shards the book has.
 const leaseShards = 32
 
@@ -213,9 +227,12 @@ func (h *keyLease) want(t time.Duration, life int64) int64 {
 	return 2 * d / algorithms.Milli
 }
 
-// ended is the lease h held, detached from it: what a return gives back.
+// ended is the lease h held, detached from it: what a return gives back
+// (and n, its events, which the key's record of its leases takes off:
+// see common.lua's leased).
 type ended struct {
 	unspent, taken, life int64
+	n                    int64
 }
 
 // detach ends h's lease here and returns it (taken 0: none).
@@ -223,7 +240,7 @@ func (h *keyLease) detach() ended {
 	if h.n == 0 {
 		return ended{}
 	}
-	e := ended{unspent: h.left / algorithms.Milli, taken: h.taken, life: h.life}
+	e := ended{unspent: h.left / algorithms.Milli, taken: h.taken, life: h.life, n: h.n}
 	h.n, h.left, h.taken = 0, 0, 0
 	return e
 }
@@ -383,7 +400,7 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 	case old.taken != 0:
 		b.stats.Expired.Add(1)
 		leaseTotals.Expired.Add(1)
-		old = ended{} // nothing to give back: the script skips the return
+		old = ended{n: old.n} // nothing to give back: the script skips the return, and takes the lease off the key's leased
 	}
 
 	d, n, life, err := z.lease(ctx, now, p.key, p.x, want, b.life, old)
@@ -418,7 +435,7 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 
 // lease runs a lease call (op 'q', see single.lua) for the Redis key
 // rkey: a take of x, after ending old, and a lease of up to want events
-// for life µs.
+// for life µs, whose end plus returnDelay the key keeps (its back).
 func (z *zone) lease(ctx context.Context, now int64, rkey string, x, want, life int64, old ended) (algorithms.Decision, int64, int64, error) {
 	if err := ctx.Err(); err != nil {
 		return algorithms.Decision{}, 0, 0, err
@@ -426,7 +443,7 @@ func (z *zone) lease(ctx context.Context, now int64, rkey string, x, want, life 
 	c := newCall(z.script, z.store.fns.fcall(), 2)
 	c.args = append(c.args, rkey, resetMark(rkey), word(opLease), z.store.clock(now), z.store.ttlSlack, z.arg(x), want, life)
 	c.args = append(c.args, z.constsAt(now)...)
-	c.args = append(c.args, old.unspent, old.taken, old.life)
+	c.args = append(c.args, old.unspent, old.taken, old.life, returnDelay(life), old.n)
 	v, err := z.store.run.run(ctx, c)
 	if err != nil {
 		return algorithms.Decision{}, 0, 0, err
@@ -442,6 +459,7 @@ func (z *zone) endLease(ctx context.Context, now int64, rkey string, old ended) 
 	c := newCall(z.script, z.store.fns.fcall(), 2)
 	c.args = append(c.args, rkey, resetMark(rkey), word(opEndLease), z.store.clock(now), z.store.ttlSlack, old.unspent, old.taken, old.life)
 	c.args = append(c.args, z.constsAt(now)...)
+	c.args = append(c.args, old.n)
 	c.await = true
 	v, err := z.store.run.run(ctx, c)
 	if err == nil && len(v) != 0 {

@@ -44,7 +44,9 @@ func leaseLimits(t *testing.T) []algorithms.Limit {
 // through the Go twin (algorithms.Limit.LeaseEnd and LeaseTake) and
 // through single.lua's ops 'q' and 'e' on a real Redis, and wants the
 // same decisions, leases and states at every step; also across a reset,
-// after which a lease taken before it gives nothing back.
+// after which a lease taken before it gives nothing back. A rejection that
+// what the leases hold could admit is told no later than when they are
+// back (the key's back and leased: algorithms.LeaseMark on the Go side).
 func TestLeaseParity(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
@@ -59,46 +61,106 @@ func TestLeaseParity(t *testing.T) {
 				name := fmt.Sprintf("lease-%s-%d", mode, li)
 				zl := s.Zone(storage.Zone{Name: name, Limit: l, Lease: true})
 				z := zl.(*zone)
-				runLeaseParity(t, c, rng, z, l)
+				runLeaseParity(t, c, rng, z, l, false)
+			})
+		}
+		// Two instances' leases on a key that direct decisions drain,
+		// in steps short beside a lease's life, on limits slow enough
+		// that leases are back before the state alone would admit:
+		// rejections told when the leases are back.
+		for li, l := range slowLimits(t) {
+			t.Run(fmt.Sprintf("%s/%s#%d/pressure", mode, l.Kind, li), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(li), 45))
+				z := s.Zone(storage.Zone{Name: fmt.Sprintf("lease-p-%s-%d", mode, li), Limit: l, Lease: true}).(*zone)
+				runLeaseParity(t, c, rng, z, l, true)
 			})
 		}
 	}
 }
 
-func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *zone, l algorithms.Limit) {
+func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *zone, l algorithms.Limit, pressure bool) {
 	t.Helper()
 	ctx := context.Background()
 	key := "k"
 	rkey := z.store.key(key, z.tail)
 	state := algorithms.NewState(&l)
-	var held ended // the lease out, as the store keeps it
+	var holders [2]ended // the leases out, as two instances' stores keep them
+	held := &holders[0]
 	var resetAt int64
+	var mark algorithms.LeaseMark // the key's leases (see common.lua)
+	marked := markedState(&l)
+	capped := 0 // rejections whose Wait mark shortened
+	leaseWait := func(d *algorithms.Decision, cost int64) {
+		w := d.Wait
+		if marked {
+			mark.Wait(d, l.LeaseNeed(cost))
+		}
+		if d.Wait != w {
+			capped++
+		}
+	}
 	now := epoch + rng.Int64N(l.Window)
 	latest := now
 	leases := 0
-	for i := range 400 {
-		now += rng.Int64N(max(1, l.Window/40))
+	steps := 400
+	if pressure {
+		steps = 1000
+	}
+	for i := range steps {
+		if pressure {
+			held = &holders[rng.IntN(2)]
+			now += rng.Int64N(max(1, min(l.Window/40, 20*ms)))
+		} else {
+			now += rng.Int64N(max(1, l.Window/40))
+		}
 		if rng.IntN(30) == 0 {
 			now -= rng.Int64N(10 * ms) // a clock that runs backwards
 		}
 		latest = max(latest, now)
-		cost := []int64{1000, 1000, 500, 3000}[rng.IntN(4)]
-		switch r := rng.IntN(10); {
+		cost := []int64{1000, 1000, 500, 3000, 0}[rng.IntN(5)]
+		if cost == 0 {
+			// A dear request: refused while leases are out, and told
+			// when they are back.
+			cost = 1 + rng.Int64N(l.Capacity()/4)
+		}
+		r := rng.IntN(10)
+		if pressure {
+			// Fewer lease calls: the other instance drains the key by
+			// direct decisions while a lease is out.
+			r = []int{0, 0, 6, 7, 7, 7, 7, 7, 7, 8}[r]
+		}
+		switch {
 		case r < 6: // a lease call
 			want := rng.Int64N(2 * l.Events)
 			life := int64(1)<<rng.IntN(19) + rng.Int64N(100) // 1µs to about 300ms
+			if pressure {
+				want, life = l.Events, 250*ms
+			}
+			if pressure && rng.IntN(6) == 0 {
+				*held = ended{} // its instance died: never returned
+			}
+			if held.taken != 0 && rng.IntN(4) == 0 {
+				// Over with nothing to give back: the store sends
+				// only its events, for leased.
+				*held = ended{n: held.n}
+			}
 			if held.taken != 0 && held.taken > resetAt {
 				l.LeaseEnd(&state, now, held.unspent, held.life, held.taken)
 			}
 			var sp *algorithms.Span
 			wantD, wantN, wantLife := l.LeaseTake(&state, sp, now, cost, want, life)
-			got, n, lived, err := z.lease(ctx, now, rkey, amount(&l, cost), want, life, held)
+			leaseWait(&wantD, cost)
+			mark.Return(held.n)
+			if wantN > 0 {
+				mark.Take(wantD.At, wantN, l.LeaseBack(&wantD, wantLife, returnDelay(life)))
+			}
+			got, n, lived, err := z.lease(ctx, now, rkey, amount(&l, cost), want, life, *held)
 			if err != nil {
 				t.Fatalf("step %d: lease(now=%d, cost=%d, want=%d, life=%d): %v", i, now, cost, want, life, err)
 			}
 			if got != wantD || n != wantN || lived != wantLife {
 				t.Fatalf("step %d: lease(now=%d, cost=%d, want=%d, life=%d, ending %+v) = %+v, %d, %d; want %+v, %d, %d (Go)",
-					i, now, cost, want, life, held, got, n, lived, wantD, wantN, wantLife)
+					i, now, cost, want, life, *held, got, n, lived, wantD, wantN, wantLife)
 			}
 			// A lease call writes the key once, at its end (see
 			// common.lua's staged): with the TTL its state needs.
@@ -106,22 +168,24 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 				t.Fatalf("step %d: after a lease call (Reset %dµs, leased %d), the key's PTTL is %dms, want at least %dms",
 					i, got.Reset, n, v, testSlack.Milliseconds()+got.Reset/1000-1000)
 			}
-			held = ended{}
+			*held = ended{}
 			if n > 0 {
 				leases++
 				spent := rng.Int64N(n + 1)
-				held = ended{unspent: n - spent, taken: got.At, life: lived}
+				*held = ended{unspent: n - spent, taken: got.At, life: lived, n: n}
 			}
 		case r < 7 && held.taken != 0: // the sweeper returns it
 			if held.taken > resetAt {
 				l.LeaseEnd(&state, now, held.unspent, held.life, held.taken)
+				mark.Return(held.n)
 			}
-			if err := z.endLease(ctx, now, rkey, held); err != nil {
-				t.Fatalf("step %d: endLease(now=%d, %+v): %v", i, now, held, err)
+			if err := z.endLease(ctx, now, rkey, *held); err != nil {
+				t.Fatalf("step %d: endLease(now=%d, %+v): %v", i, now, *held, err)
 			}
-			held = ended{}
+			*held = ended{}
 		case r < 8:
 			want := l.Take(&state, now, cost)
+			leaseWait(&want, cost)
 			got, err := z.Take(ctx, key, now, cost)
 			if err != nil || got != want {
 				t.Fatalf("step %d: Take(now=%d, cost=%d) = %+v, %v; want %+v (Go)", i, now, cost, got, err, want)
@@ -135,13 +199,17 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 				t.Fatal(err)
 			}
 			state = algorithms.NewState(&l)
+			mark = algorithms.LeaseMark{}
 			resetAt = now
-			if held.taken > now {
-				resetAt = held.taken
+			for _, h := range holders {
+				if h.taken > resetAt {
+					resetAt = h.taken
+				}
 			}
 		}
 		c := copyState(state)
 		want := l.Peek(&c, now, algorithms.Milli)
+		leaseWait(&want, algorithms.Milli)
 		got, ok, err := z.Peek(ctx, key, now)
 		if err != nil {
 			t.Fatal(err)
@@ -156,6 +224,10 @@ func runLeaseParity(t *testing.T, c goredis.UniversalClient, rng *rand.Rand, z *
 	}
 	if leases < 10 {
 		t.Fatalf("only %d leases taken: the trace tests little", leases)
+	}
+	t.Logf("%d leases, %d rejections told when leases are back", leases, capped)
+	if pressure && marked && capped == 0 {
+		t.Errorf("no rejection was told when the leases are back: the trace tests little")
 	}
 }
 

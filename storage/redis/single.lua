@@ -19,10 +19,16 @@
 --     (ARGV[5]) events for life (ARGV[6]) µs, after ending the lease
 --     ARGV[12..14] (unspent events, taken, life; taken 0: none) as 'e'
 --     does; it returns the decision, the events leased and the lease's
---     life (Limit.LeaseTake).
--- 'e' ends a lease taken at ta (ARGV[5]) that lived tr (ARGV[6]) µs with
---     x unspent events (Limit.LeaseEnd): nothing if the key was reset at
---     or after ta; returns {}.
+--     life (Limit.LeaseTake). The lease ended, of ARGV[16] events, comes
+--     off the key's leased (also when there is nothing to give back:
+--     taken 0); the one taken goes on it, and is back (see
+--     common.lua) at its end plus ARGV[15] µs, the time its instance
+--     takes to return it, and no later than its window's end
+--     (Limit.LeaseBack).
+-- 'e' ends a lease of ARGV[12] events taken at ta (ARGV[5]) that lived
+--     tr (ARGV[6]) µs with x unspent events (Limit.LeaseEnd), and takes
+--     it off the key's leased: nothing if the key was reset at or after
+--     ta; returns {}.
 --
 -- It returns the decision, or {} for an undo and for a peek at a key that
 -- does not exist, or for a reset {1} if it deleted the key, {0} if there
@@ -64,6 +70,8 @@ if op == 'q' then
 		end
 	end
 	local d = f(KEYS[1], 't', now, tonumber(ARGV[4]), 0, 0, c1, c2, c3, c4)
+	-- The take wrote the state: the lease ended comes off leased.
+	leasereturned(KEYS[1], tonumber(ARGV[16]))
 	local want, life = tonumber(ARGV[5]), tonumber(ARGV[6])
 	d[7], d[8] = 0, 0
 	if d[1] ~= 1 or want <= 0 or life <= 0 then
@@ -87,15 +95,26 @@ if op == 'q' then
 		debit = n * c2 + life * c4
 	end
 	local after = f(KEYS[1], 't', d[6], debit, 0, 0, c1, c2, c3, c4)
-	commit()
 	if after[1] ~= 1 then
+		commit()
 		return d
 	end
+	-- The µs to the window's end (a fixed_window's Reset, once charged).
+	local wend = nil
 	if code == 'sw' then
-		life = math.min(life, c1 - (after[6] - quo(after[6], c1) * c1))
+		wend = c1 - (after[6] - quo(after[6], c1) * c1)
 	elseif window then
-		life = math.min(life, after[3])
+		wend = after[3]
 	end
+	if wend then
+		life = math.min(life, wend)
+	end
+	local back = after[6] + life + tonumber(ARGV[15])
+	if wend then
+		back = math.min(back, after[6] + wend)
+	end
+	leasetaken(KEYS[1], after[6], n, back)
+	commit()
 	d[2], d[3], d[7], d[8] = after[2] + n, after[3], n, life
 	return d
 end
@@ -134,6 +153,14 @@ if (op == 'x' or op == 'u' or op == 'o' or op == 'e') and KEYS[2] then
 	local ta = tonumber(ARGV[5])
 	if mark and ((op == 'u' or op == 'e') and ta <= mark or op == 'o' and ta < mark) then
 		return {} -- reset since: the reset gave back, and forgave, the charge
+	end
+	if op == 'e' then
+		stage()
+		algs[ARGV[7]](KEYS[1], 'e', clock(ARGV[2]), tonumber(ARGV[4]), ta, tonumber(ARGV[6]),
+			tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]))
+		leasereturned(KEYS[1], tonumber(ARGV[12]))
+		commit()
+		return {}
 	end
 end
 return algs[ARGV[7]](KEYS[1], ARGV[1], clock(ARGV[2]), tonumber(ARGV[4]),

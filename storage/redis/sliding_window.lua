@@ -2,7 +2,7 @@
 -- {at = the latest time seen (the current window is the one that holds
 -- it), level = this window's count, prev = the previous
 -- window's count, grant = quota granted for this window (absent when
--- none)}, counts in milli-units.
+-- none), back and leased (see common.lua)}, counts in milli-units.
 -- x = cost in milli-units, or for op 'g' (grant) the amount granted;
 -- c1 window w in µs, c2 limit (events * 1000).
 
@@ -39,7 +39,7 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	end
 	local commit, write, never = mode(op)
 	local raw = now
-	local s = hget(key, 'at', 'level', 'prev', 'grant')
+	local s = hget(key, 'at', 'level', 'prev', 'grant', 'back', 'leased')
 	if op == 'p' and not s[1] then
 		return nil
 	end
@@ -161,6 +161,6 @@ local function slidingwindow(key, op, now, x, ta, _, w, limit)
 	if write or op == 'g' then
 		persist()
 	end
-	return d
+	return leasewait(d, tonumber(s[5]) or 0, tonumber(s[6]) or 0, ceildiv(x, 1000))
 end
 algs.sw = slidingwindow
