@@ -149,7 +149,7 @@ var ixZones = []ixZone{
 	{name: "ix_costg", algo: "gcra", paths: []string{"/cost"}, events: 5, window: ixWindow, settle: true},
 	{name: "ix_day", algo: "fixed_window", paths: []string{"/day"}, events: 5, window: 24 * time.Hour, costly: true, grants: true, tz: ixKolkata},
 	{name: "ix_adapt", paths: []string{"/ahold"}, adaptive: ixAdaptiveMax},
-	{name: "ix_lease", algo: "fixed_window", paths: []string{"/lease"}, events: 24, window: ixWindow, costly: true, grants: true, lease: true},
+	{name: "ix_lease", algo: "fixed_window", paths: []string{"/lease"}, events: 48, window: ixWindow, costly: true, grants: true, lease: true},
 	{name: "ix_llm", algo: "token_bucket", paths: []string{"/llm"}, events: 12, window: ixWindow, settle: true, llm: true},
 }
 
@@ -773,7 +773,7 @@ func (r *ixRun) send(s ixStep, step int) int {
 
 // checkRetryAfter checks the Retry-After of a refusal on ix_lease's path,
 // sent at sent: 1, when what the refusal needed is out in leases that are
-// back within 0.4 s (docs/redis.md#quota-leases), or the window's end,
+// back within 0.65 s (docs/redis.md#quota-leases), or the window's end,
 // spread by a jitter of at most 0.5; never between, nor later. (A cost
 // above the capacity has none; near the window's end it is not checked.)
 func (r *ixRun) checkRetryAfter(s ixStep, step int, resp *http.Response, sent int64) {
@@ -1318,9 +1318,10 @@ func (r *ixRun) do(s ixStep, step int) {
 func (r *ixRun) burst(s ixStep, step int) {
 	n := s.n
 	if ixZoneNamed("ix_lease").paths[0] == s.path {
-		// Enough on each instance for the key to be hot there and
-		// lease (see ixZone.lease), near its limit.
-		n *= 4
+		// Enough on each instance for the key to be hot there (8
+		// requests in 250 ms) and lease (see ixZone.lease), near its
+		// limit.
+		n *= 8
 	}
 	ss := make([]ixStep, n)
 	for j := range ss {

@@ -80,10 +80,12 @@ func killMidRun(t *testing.T, tester *caddytest.Tester, child *exec.Cmd, childUR
 	var killOnce sync.Once
 	kill := func() {
 		killOnce.Do(func() {
+			// Closed first: another child client's request may fail
+			// as soon as the signal lands, and must find it closed.
+			close(killed)
 			if err := child.Process.Kill(); err != nil { // SIGKILL
 				t.Error(err)
 			}
-			close(killed)
 		})
 	}
 	l.firstSend = time.Now()

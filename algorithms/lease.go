@@ -70,6 +70,20 @@ func LeaseSize(want, room int64) int64 {
 	return n
 }
 
+// leaseLife is how long a lease asked to live life µs lives after an
+// admitted request's decision d: life, or, for a bucket, no longer than
+// the bucket takes to refill half of what d leaves (rounded down to a µs),
+// so that the refill a lease is charged (see LeaseDebit) is at most half
+// of it and the lease's share is taken from the rest. A bucket whose
+// burst is a second of its rate leases for half a second; one with less
+// room, for less.
+func (l *Limit) leaseLife(d *Decision, life int64) int64 {
+	if l.window() {
+		return life
+	}
+	return min(life, max(d.Remaining, 0)*l.Unit/(2*l.scale()))
+}
+
 // leaseRoom is the events a lease living life µs may take after an
 // admitted request's decision d: what d leaves, less, for a bucket, the
 // refill of life (rounded up to whole events), which the lease is also
@@ -107,7 +121,8 @@ func (l *Limit) LeaseCredit(unspent, life, elapsed int64) int64 {
 // and, if it is admitted, leases LeaseSize(want, room) events of what is
 // left for up to life µs. It returns the request's decision, the events
 // leased (0: none) and the lease's life: life, or for a window the time
-// to the window's end if sooner. The decision tells what is left after
+// to the window's end if sooner, or for a bucket less when it has little
+// room (see leaseLife). The decision tells what is left after
 // the lease, plus the lease (the events the caller then holds). A
 // calendar window's span is sp (nil: the span of now, as Take).
 func (l *Limit) LeaseTake(s *State, sp *Span, now, cost, want, life int64) (d Decision, n, lived int64) {
@@ -115,8 +130,9 @@ func (l *Limit) LeaseTake(s *State, sp *Span, now, cost, want, life int64) (d De
 	if !d.Allowed || want <= 0 || life <= 0 || !l.Leasable() {
 		return d, 0, 0
 	}
+	life = l.leaseLife(&d, life)
 	n = LeaseSize(want, l.leaseRoom(&d, life))
-	if n == 0 {
+	if n == 0 || life <= 0 {
 		return d, 0, 0
 	}
 	var after Decision

@@ -91,6 +91,36 @@ func TestLeaseEndIsASmallerLease(t *testing.T) {
 	}
 }
 
+// TestLeaseLifeOfABucket: a bucket's lease lives no longer than the
+// bucket takes to refill half of what the request leaves, so that the
+// refill it is charged leaves room for a lease; a window's lives as long
+// as asked (within its window).
+func TestLeaseLifeOfABucket(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		kind             Kind
+		events, w, burst int64
+		life             int64
+		wantN, wantLived int64 // want 1000 events
+	}{
+		// 999 left: 499.5 ms of refill is half; 500 events charged, 499 room.
+		{"burst of a second", TokenBucket, 1000, sec, 1000, 500 * ms, 499 / 8, 499500},
+		{"gcra, burst of a second", GCRA, 1000, sec, 1000, 500 * ms, 499 / 8, 499500},
+		// 99 left: 49.5 ms; 50 charged, 49 room (500 ms would leave none).
+		{"burst of 100 ms", TokenBucket, 1000, sec, 100, 500 * ms, 49 / 8, 49500},
+		// 199 left at 100/s: 995 ms is half; 250 ms is shorter.
+		{"burst of two seconds", TokenBucket, 100, sec, 200, 250 * ms, (199 - 25) / 8, 250 * ms},
+		{"fixed_window", FixedWindow, 1000, 10 * sec, 0, 500 * ms, 999 / 8, 500 * ms},
+	} {
+		l := mustNew(t, tc.kind, tc.events, tc.w, tc.burst)
+		s := NewState(&l)
+		d, n, lived := l.LeaseTake(&s, nil, 10*sec, Milli, 1000, tc.life)
+		if !d.Allowed || n != tc.wantN || lived != tc.wantLived {
+			t.Errorf("%s: LeaseTake(life %dµs) = %+v, %d, %d; want admitted, %d for %dµs", tc.name, tc.life, d, n, lived, tc.wantN, tc.wantLived)
+		}
+	}
+}
+
 // TestLeaseWindowEndsWithIt: a fixed_window's lease lives no longer than
 // its window, and what it gives back after the window is forgotten.
 func TestLeaseWindowEndsWithIt(t *testing.T) {

@@ -91,7 +91,7 @@ func TestLeaseBoundsWait(t *testing.T) {
 }
 
 // slowLimits are a limit of each leasing algorithm whose rejections wait
-// seconds, where a lease is back within 0.4 s.
+// seconds, where a lease is back within 0.65 s.
 func slowLimits(t *testing.T) []algorithms.Limit {
 	t.Helper()
 	day, err := algorithms.NewCalendarLimit(500, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})

@@ -18,27 +18,28 @@ import (
 // as if spent at once, so what all of them admit never passes the limit,
 // whoever dies holding what.
 //
-// A sketch (counters by hash) counts the demand of keys in periods of a
-// lease's life; a key it saw often gets an entry in the store's book
-// (sharded): the key's demand on this instance and the lease it holds, if
-// any. A key asked at least 2*MinQuotaLease times in a period is hot
+// A sketch (counters by hash) counts the demand of keys in periods of
+// half a lease's life; a key it saw often gets an entry in the store's
+// book (sharded): the key's demand on this instance and the lease it
+// holds, if any. A key asked at least hotAsks times in a period is hot
 // (requests, whatever their cost: one costly request, an LLM prompt of
 // thousands of tokens, is one round trip either way, and a lease taken
 // for it would only hold quota away from the other instances): its next decision that no lease answers is a lease call (op 'q'),
 // which decides the request, ends the key's previous lease (what is left
 // of it goes back in the same script) and takes a new one sized from the
-// demand, twice a period's, which the script caps at 1/QuotaLeaseShare of
-// what the key has left. The key's other requests meanwhile wait for that
-// call. A cold key costs a counter and keeps one round trip a decision.
+// demand, twice what the key is asked for in a lease's life, which the
+// script caps at 1/QuotaLeaseShare of what the key has left. The key's
+// other requests meanwhile wait for that call. A cold key costs a counter
+// and keeps one round trip a decision.
 //
 // A lease is spent only before its end: its life (on Redis's clock, from
 // its take) measured on this instance's monotonic clock from before the
 // call was sent, less 1/32 for clocks that tick at slightly different
 // rates, so that this instance stops spending before Redis's view of the
 // lease is over. What is left goes back when the key's next lease is
-// taken, or when the sweeper (one goroutine a store, every LeaseLife/4)
-// finds the key quiet for a quarter of a life or the lease over for as
-// long (see sweep), on Close, and when the zone closes (a reload). A return whose call fails
+// taken, or when the sweeper (one goroutine a store, every quarter of a
+// period) finds the key quiet for a quarter of a period or the lease over
+// for as long (see sweep), on Close, and when the zone closes (a reload). A return whose call fails
 // is not tried again (it may have been applied; applying it twice would
 // mint quota): that lease is lost, which errs towards refusing.
 //
@@ -48,8 +49,28 @@ import (
 // DefaultLeaseLife is how long a quota lease lives at most: short, so that
 // what an instance that dies takes with it is small and soon back (a
 // bucket's), and a reset another instance misses the announcement of
-// reaches this one within it.
-const DefaultLeaseLife = 250 * time.Millisecond
+// reaches this one within it; long enough that a hot key costs Redis few
+// lease calls: one a life, whatever the key's rate, so Redis's CPU for a
+// hot key is about that of one lease call a life (at 250 ms, through
+// Caddy at 350 requests a second a key, 1/13 of what the key's decisions
+// cost with `lease off`; 500 ms halves it). A bucket's lease may live
+// less (algorithms.Limit.LeaseTake).
+const DefaultLeaseLife = 500 * time.Millisecond
+
+// leasePeriods is how many periods of demand a lease's life holds: a key's
+// demand is counted, and its hotness judged, over the last half a life
+// (250 ms), so that a key that goes quiet or cold is seen as such soon.
+const leasePeriods = 2
+
+// hotAsks is the fewest requests in a period that make a key hot. A lease
+// call and the return of what is left of its lease are each a script of
+// their own, which costs Redis as much as several decisions that the
+// batcher combines into one call (about 7.5: docs/performance.md): a key
+// asked for fewer times than that in 250 ms would cost Redis more leased
+// than not. A key asked 3.5 times a second at random (10,000 keys
+// sharing 35,000 requests a second) is asked 8 times or more in a period
+// about once in 18 hours, 4 times or more about once in 20 seconds.
+const hotAsks = 8
 
 // returnSlack is the round trip of a lease's return, in µs, as
 // returnDelay counts it.
@@ -58,11 +79,11 @@ const returnSlack = 25_000
 // returnDelay is how long, in µs, after a lease of life µs ends on
 // Redis's clock, a live instance has given back what is left of it at the
 // latest: the sweep returns a lease that has been over for a quarter of a
-// life and runs every quarter of a life (see sweep), and the return takes
-// a round trip. A lease call leaves its lease's end plus this on the key,
-// so that a rejection is told no later than that (see single.lua).
+// period and runs every quarter of a period (see sweep), and the return
+// takes a round trip. A lease call leaves its lease's end plus this on the
+// key, so that a rejection is told no later than that (see single.lua).
 func returnDelay(life int64) int64 {
-	return life/2 + returnSlack
+	return life/leasePeriods/2 + returnSlack
 }
 
 // leaseShards is how many shards the book has.
@@ -162,6 +183,9 @@ func (s *Store) WithLeaseLife(d time.Duration) *Store {
 // Leases returns the store's lease counters.
 func (s *Store) Leases() *LeaseStats { return &s.book.stats }
 
+// period is the µs of a period of demand: half a lease's life.
+func (b *book) period() int64 { return b.life / leasePeriods }
+
 func (b *book) shard(hash uint64) *leaseShard {
 	return &b.shards[(hash>>32)%leaseShards]
 }
@@ -194,9 +218,9 @@ func (b *book) find(rkey string) *keyLease {
 	return b.lookup(maphash.String(b.seed, rkey), rkey)
 }
 
-// note counts cost milli-units asked at t, in periods of a lease's life.
-func (h *keyLease) note(t time.Duration, cost, life int64) {
-	p := time.Duration(life) * time.Microsecond
+// note counts cost milli-units asked at t, in periods of period µs.
+func (h *keyLease) note(t time.Duration, cost, period int64) {
+	p := time.Duration(period) * time.Microsecond
 	if since := t - h.period; since >= p {
 		h.last, h.lastAsks = 0, 0
 		if since < 2*p {
@@ -209,22 +233,22 @@ func (h *keyLease) note(t time.Duration, cost, life int64) {
 	h.used = t
 }
 
-// want is the events a lease is asked for at t, with periods of life
-// µs: twice the key's demand in a period, the last one's or, if more,
-// this one's so far at its rate (so that a key seen often since its
-// entry was made leases in its first period, for about as long as a
-// lease lives), or 0 for a key that is not hot (asked fewer than
-// 2*MinQuotaLease times in either).
-func (h *keyLease) want(t time.Duration, life int64) int64 {
-	if max(h.lastAsks, h.asks) < 2*algorithms.MinQuotaLease {
+// want is the events a lease is asked for at t, with periods of period
+// µs: twice the key's demand in a lease's life (leasePeriods periods), a
+// period's being the last one's or, if more, this one's so far at its
+// rate (so that a key seen often since its entry was made leases in its
+// first period), or 0 for a key that is not hot (asked fewer than hotAsks
+// times in either).
+func (h *keyLease) want(t time.Duration, period int64) int64 {
+	if max(h.lastAsks, h.asks) < hotAsks {
 		return 0
 	}
 	d := h.last
 	if h.asked > d {
-		e := max((t - h.period).Microseconds(), life/16, 1)
-		d = max(d, h.asked*min(life/e, 16))
+		e := max((t - h.period).Microseconds(), period/16, 1)
+		d = max(d, h.asked*min(period/e, 16))
 	}
-	return 2 * d / algorithms.Milli
+	return 2 * leasePeriods * d / algorithms.Milli
 }
 
 // ended is the lease h held, detached from it: what a return gives back
@@ -277,7 +301,7 @@ func (s *Store) leased(ctx context.Context, now int64, parts []part, cost int64)
 		// time: it gets an entry only once the sketch saw it often (its
 		// requests counted, not their cost: see hot above).
 		seen := b.often(hash, algorithms.Milli)
-		if seen < 2*algorithms.MinQuotaLease*algorithms.Milli {
+		if seen < hotAsks*algorithms.Milli {
 			return Verdict{}, false, nil
 		}
 		h = b.entry(hash, p.key, z)
@@ -286,7 +310,7 @@ func (s *Store) leased(ctx context.Context, now int64, parts []part, cost int64)
 		t := b.clock()
 		h.mu.Lock()
 		if try == 0 {
-			h.note(t, cost, b.life)
+			h.note(t, cost, b.period())
 		}
 		if h.n > 0 && h.z == z && t < h.end && h.left >= cost {
 			h.left -= cost
@@ -310,7 +334,7 @@ func (s *Store) leased(ctx context.Context, now int64, parts []part, cost int64)
 				return Verdict{}, false, nil
 			}
 		}
-		want := h.want(t, b.life)
+		want := h.want(t, b.period())
 		h.mu.Unlock()
 		if want == 0 {
 			return Verdict{}, false, nil
@@ -341,12 +365,12 @@ const sketchSize = 1 << 14
 
 // often counts a request of cost milli-units for the key of hash in the
 // sketch (counters shared by the keys of a hash's low bits, each counting
-// the current period of a lease's life), and returns its counter: the
+// the current period), and returns its counter: the
 // milli-units asked for the key this period, or more (a key that
 // collides with others is found hot early, which costs only its entry).
 func (b *book) often(hash uint64, cost int64) int64 {
 	c := &b.sketch[hash&(sketchSize-1)]
-	period := uint64(b.clock() / (time.Duration(b.life) * time.Microsecond))
+	period := uint64(b.clock() / (time.Duration(b.period()) * time.Microsecond))
 	const bits = 40 // milli-units; the period above
 	for {
 		v := c.Load()
@@ -516,7 +540,7 @@ func (b *book) start() {
 
 func (b *book) loop(stop, done chan struct{}) {
 	defer close(done)
-	tick := time.NewTicker(time.Duration(b.life) * time.Microsecond / 4)
+	tick := time.NewTicker(time.Duration(b.period()) * time.Microsecond / 4)
 	defer tick.Stop()
 	for {
 		select {
@@ -529,20 +553,20 @@ func (b *book) loop(stop, done chan struct{}) {
 }
 
 // sweep returns, at t, the leases whose keys are quiet (a quarter of a
-// life without a decision) or that have been over for a quarter of a
-// life, all of them if only is everything, or those of zone only; and
-// forgets the keys that hold none and were not asked for in two lives.
+// period without a decision) or that have been over for a quarter of a
+// period, all of them if only is everything, or those of zone only; and
+// forgets the keys that hold none and were not asked for in two periods.
 //
 // A lease that is over while its key is still asked for is left to the
 // key's next request: its lease call ends it and takes the next one, in
 // one call, where a return of the sweep's own would be a second. (Left to
-// the sweep, it would be: a lease lives about four sweeps, so a lease
+// the sweep, it would be: a lease lives about eight sweeps, so a lease
 // the sweep returned is renewed just after a sweep and over just before
-// the fourth one after, and the sweep would take most of a busy key's
-// leases.) The quarter of a life past its end is for a key still asked
+// the eighth one after, and the sweep would take most of a busy key's
+// leases.) The quarter of a period past its end is for a key still asked
 // for that is no longer hot (no lease call comes).
 func (b *book) sweep(t time.Duration, only func(*zone) bool) {
-	quiet := time.Duration(b.life) * time.Microsecond / 4
+	quiet := time.Duration(b.period()) * time.Microsecond / 4
 	var due []*keyLease
 	var zones []*zone
 	var ends []ended

@@ -659,23 +659,27 @@ func TestLeaseOfAReplacedZone(t *testing.T) {
 }
 
 // TestLeaseDemand: under a fake clock, a key becomes hot (a lease is
-// wanted) once asked for 2*MinQuotaLease events in a period of a lease's
-// life, its first lease is sized from its rate so far, later ones from
-// the last period's demand, and a key that goes quiet is cold again.
+// wanted) once asked for hotAsks times in a period (half a lease's life),
+// its first lease is sized from its rate so far, later ones from the last
+// period's demand, each twice the demand of a lease's life, and a key that
+// goes quiet is cold again.
 func TestLeaseDemand(t *testing.T) {
 	b := newBook(nil)
 	var now time.Duration
 	b.clock = func() time.Duration { return now }
-	life := b.life
+	period := b.period()
+	if period != 250_000 {
+		t.Fatalf("period = %dµs, want 250ms (half of DefaultLeaseLife)", period)
+	}
 	ms := time.Millisecond
 	hash := uint64(12345)
-	// The sketch: three events in a period are not often; four are.
+	// The sketch counts the events of a period.
 	for i := range 3 {
 		if n := b.often(hash, algorithms.Milli); n != int64(i+1)*algorithms.Milli {
 			t.Fatalf("often after %d events = %d, want %d", i+1, n, (i+1)*algorithms.Milli)
 		}
 	}
-	now += time.Duration(life) * time.Microsecond // a new period forgets them
+	now += time.Duration(period) * time.Microsecond // a new period forgets them
 	if n := b.often(hash, algorithms.Milli); n != algorithms.Milli {
 		t.Fatalf("often in a new period = %d, want %d", n, algorithms.Milli)
 	}
@@ -686,30 +690,30 @@ func TestLeaseDemand(t *testing.T) {
 		n    int           // events asked then
 		want int64
 	}{
-		{0, 3, 0},                // not hot yet
-		{10 * ms, 1, 2 * 16 * 4}, // 4 events in 10ms: at most 16x a period's worth (life/16)
-		{125 * ms, 4, 2 * 8 * 2}, // 8 in 125 ms: 16 a period
-		{250 * ms, 2, 2 * 8},     // a new period: the last one's 8
-		{600 * ms, 1, 0},         // a period without a request: cold
+		{0, 7, 0},                     // not hot yet
+		{10 * ms, 1, 2 * 2 * 16 * 8},  // 8 events in 10ms: at most 16x a period's worth (period/16), for two periods
+		{125 * ms, 8, 2 * 2 * 16 * 2}, // 16 in 125 ms: 32 a period
+		{250 * ms, 2, 2 * 2 * 16},     // a new period: the last one's 16
+		{600 * ms, 1, 0},              // a period without a request: cold
 	}
 	start := now
 	for i, st := range steps {
 		now = start + st.at
 		for range st.n {
-			h.note(now, algorithms.Milli, life)
+			h.note(now, algorithms.Milli, period)
 		}
-		if got := h.want(now, life); got != st.want {
+		if got := h.want(now, period); got != st.want {
 			t.Errorf("step %d: %d events at %s: want() = %d, want %d", i, st.n, st.at, got, st.want)
 		}
 	}
 
 	// Hot is counted in requests, not cost: one request of 60 events
-	// (an LLM prompt) is cold, as is a key of three; a fourth makes it hot.
+	// (an LLM prompt) is cold, as is a key of seven; an eighth makes it hot.
 	h = &keyLease{period: now}
-	for i := range 4 {
-		h.note(now, 60*algorithms.Milli, life)
-		if got := h.want(now, life); (got > 0) != (i == 3) {
-			t.Errorf("after %d requests of 60 events: want() = %d, want a lease only from the 4th", i+1, got)
+	for i := range hotAsks {
+		h.note(now, 60*algorithms.Milli, period)
+		if got := h.want(now, period); (got > 0) != (i == hotAsks-1) {
+			t.Errorf("after %d requests of 60 events: want() = %d, want a lease only from the %dth", i+1, got, hotAsks)
 		}
 	}
 }
@@ -786,7 +790,7 @@ func TestSweepLeavesABusyKeysLeaseToItsCall(t *testing.T) {
 		t.Fatalf("%d leases taken, want %d", got, taken+1)
 	}
 	// Quiet: the sweep returns the lease.
-	now.Add(int64(time.Duration(s.book.life) * time.Microsecond / 4))
+	now.Add(int64(time.Duration(s.book.period()) * time.Microsecond / 4))
 	s.book.sweep(at(), nil)
 	if _, _, ok := z.LeaseOf("k"); ok {
 		t.Fatal("a quiet key's lease is still held after a sweep")
@@ -797,6 +801,64 @@ func TestSweepLeavesABusyKeysLeaseToItsCall(t *testing.T) {
 	}
 	if got, want := d.Remaining, l.Events-admitted; got != want {
 		t.Fatalf("Redis has %d left after %d admitted and every lease returned, want %d", got, admitted, want)
+	}
+}
+
+// TestBusyKeyLeaseCalls: under a fake clock, a key asked for once a
+// millisecond for 3 s costs Redis one lease call a lease's life (500 ms),
+// whatever its rate: its lease lives DefaultLeaseLife less 1/32 (a
+// bucket's, whose burst is a second of its rate, a µs or so less: half
+// of what it has left refills in that time), holds enough for its life
+// and is renewed when it ends, not before.
+func TestBusyKeyLeaseCalls(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	for _, l := range []algorithms.Limit{
+		mustLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour, 0, 0),
+		mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0),
+	} {
+		t.Run(l.Kind.String(), func(t *testing.T) {
+			s := newTestStore(c)
+			var now atomic.Int64 // the book's clock, in ns
+			s.book.clock = func() time.Duration { return time.Duration(now.Load()) }
+			s.book.wall = func() int64 { return epoch + time.Duration(now.Load()).Microseconds() }
+			s.book.mu.Lock()
+			s.book.started = true // no sweeper of its own: the test sweeps
+			s.book.mu.Unlock()
+			t.Cleanup(s.book.close)
+			zl := s.Zone(storage.Zone{Name: "busy-" + l.Kind.String(), Limit: l, Lease: true})
+			z := zl.(*zone)
+			ctx := context.Background()
+			var first time.Duration
+			for ms := range 3000 {
+				now.Store(int64(time.Duration(ms+1) * time.Millisecond))
+				at := time.Duration(now.Load())
+				v, err := s.Decide(ctx, epoch+at.Microseconds(), []Request{{Zone: zl, Key: "k", Cost: algorithms.Milli}})
+				if err != nil || v.Rejected >= 0 {
+					t.Fatalf("Decide at %s = %+v, %v", at, v, err)
+				}
+				if ms%62 == 0 {
+					s.book.sweep(at, nil)
+				}
+				if first == 0 && s.Leases().Taken.Load() == 1 {
+					first = at
+					_, left, ok := z.LeaseOf("k")
+					life := DefaultLeaseLife.Microseconds()
+					if !ok || left > life-life/32 || left < life-life/32-10 {
+						t.Fatalf("first lease: ends in %dµs (held %t), want %dµs", left, ok, life-life/32)
+					}
+				}
+			}
+			if first == 0 || first > 20*time.Millisecond {
+				t.Fatalf("first lease at %s, want one within 20 ms of requests 1 ms apart", first)
+			}
+			// 3 s less the first lease's time, in lives of 484 ms: 6
+			// renewals, and the first lease.
+			taken, returned := s.Leases().Taken.Load(), s.Leases().Returned.Load()
+			if taken != 7 {
+				t.Errorf("%d leases taken in 3 s (%d returned), want 7: one a life of %s", taken, returned, DefaultLeaseLife)
+			}
+		})
 	}
 }
 

@@ -79,14 +79,15 @@ if op == 'q' then
 		return d
 	end
 	local window = code == 'fw' or code == 'fc' or code == 'sw'
-	-- Limit.leaseRoom, LeaseSize and LeaseDebit: a bucket's c2 is its
-	-- unit, c4 its scale.
+	-- Limit.leaseLife, leaseRoom, LeaseSize and LeaseDebit: a bucket's c2
+	-- is its unit, c4 its scale.
 	local room = d[2]
 	if not window then
+		life = math.min(life, quo(math.max(room, 0) * c2, 2 * c4))
 		room = room - ceildiv(life * c4, c2)
 	end
 	local n = math.min(want, quo(math.max(room, 0), 8))
-	if n < 2 then
+	if n < 2 or life <= 0 then
 		commit()
 		return d
 	end
