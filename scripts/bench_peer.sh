@@ -3,21 +3,39 @@
 # v0.1.0 (our users' previous module) through a real Caddy with wrk. The two
 # register the same module ID, so they cannot share one binary: the script
 # builds one Caddy of each (the same Caddy version, from this checkout's
-# go.mod), runs both at once on free loopback ports, and each round measures
-# in turn, with the same keys:
-#   - Tollgate's Caddy: a bare `respond` route, a memory zone allowing every
+# go.mod), and runs a Caddy a route, all at once, on free loopback ports.
+# Each round measures every route in turn, with the same keys:
+#   - with Tollgate: a bare `respond` route, a memory zone allowing every
 #     request with the default ietf headers, the same zone with
 #     `headers none`, and the zone as mholt's users write it (`events 100`,
 #     `window 1s`: a sliding_log), with the default headers and with
 #     `headers none`;
-#   - mholt's Caddy: a bare `respond` route, and a zone allowing every
+#   - with mholt's module: a bare `respond` route, and a zone allowing every
 #     request (mholt sends no rate-limit headers; its state is a ring of
 #     `events` times per key, so its events are kept small: 100 per second).
-# Each route's throughput is divided by its own Caddy's bare route in the
-# same round, and the medians over the rounds are printed last, with the
-# CPU a request each route costs its Caddy beyond its bare route.
+# Each route's throughput is divided by its own module's bare route in
+# the same round, and the medians over the rounds are printed last, with
+# the CPU a request each route costs its Caddy beyond its bare one, the
+# garbage collections a 1000 requests on each route, and, round by round,
+# Tollgate's throughput over mholt's.
 #
-# Usage: [PROFILE=<seconds>] scripts/bench_peer.sh [seconds per route, default 3] [connections, default 64] [rounds, default 10] [keys, default 10000]
+# Both modules get the same treatment: the same Caddy version and build,
+# the same global options (no logs, no metrics, admin on), a Caddy of its
+# own for every route, holding only its own zone's state (a bare route's
+# Caddy holds none), the same keys in the same spread, and every route a
+# turn before the rounds (its keys are created, its Caddy's heap holds its
+# zone's state: mholt's 10,000 rings of 100 times are about 24 MB, which
+# makes its Caddy collect about a fifth as often as Tollgate's, each
+# collection marking them all). Each round takes the routes in a random
+# order, and the round after it in the reverse order, so that no route
+# always follows another (with a fixed rotation, mholt's zone always came
+# right after its own bare route): SEED=<n> repeats a run's orders.
+#
+# CADDY_ENV="<VAR=value> ..." is every Caddy's environment: e.g.
+# CADDY_ENV="GOGC=off GOMEMLIMIT=256MiB" gives each the same room before
+# it collects, whatever its zone's state holds.
+#
+# Usage: [PROFILE=<seconds>] [SEED=<n>] [CADDY_ENV=...] scripts/bench_peer.sh [seconds per route, default 3] [connections, default 64] [rounds, default 10] [keys, default 10000]
 # With PROFILE, it ends with the handler's own CPU a request on both
 # Caddies, from CPU profiles (see the end of the script).
 # Needs Go (the module proxy must serve github.com/mholt/caddy-ratelimit
@@ -64,72 +82,126 @@ EOF
 	GOFLAGS=-mod=mod go build -o "$dir/caddy-mholt" .
 )
 
-# A site a route (see globals in benchlib.sh).
-tb=$(freeport) tm=$(freeport) tn=$(freeport) tl=$(freeport) tq=$(freeport) ta=$(freeport)
-mb=$(freeport) mm=$(freeport) ma=$(freeport)
-{
-	globals "$ta"
-	site "$tb" ""
-	site "$tm" "$(zone mem $'\t\t\trate 1000000/s')"
-	site "$tn" "$(zone memnone $'\t\t\trate 1000000/s' $'\t\theaders none')"
-	site "$tl" "$(zone memlog $'\t\t\tevents 100\n\t\t\twindow 1s')"
-	site "$tq" "$(zone memlognone $'\t\t\tevents 100\n\t\t\twindow 1s' $'\t\theaders none')"
-} >"$dir/Caddyfile.tollgate"
-{
-	globals "$ma"
-	site "$mb" ""
-	site "$mm" "$(zone mh $'\t\t\tevents 100\n\t\t\twindow 1s')"
-} >"$dir/Caddyfile.mholt"
-"$dir/caddy-tollgate" run --config "$dir/Caddyfile.tollgate" --adapter caddyfile >"$dir/tollgate.out" 2>&1 &
-tpid=$!
-pids+=($tpid)
-"$dir/caddy-mholt" run --config "$dir/Caddyfile.mholt" --adapter caddyfile >"$dir/mholt.out" 2>&1 &
-mpid=$!
-pids+=($mpid)
-waitport "$tb"
-waitport "$mb"
+# A Caddy a route: each holds only its own zone's state, and each bare
+# route is a Caddy that holds none, so that a route's ratio carries what
+# its zone costs the Caddy, the collection of its state included, and
+# nothing of the other zones'. (With one Caddy a module, every route paid
+# for the collection of every zone's state: Tollgate's bare route for
+# four zones', mholt's for its 24 MB of rings or, after its sweep, for
+# none.)
+names=(tollgate-bare memory memory-none memory-log memory-log-none mholt-bare mholt)
+bins=(tollgate tollgate tollgate tollgate tollgate mholt mholt)
+zones=(
+	""
+	"$(zone mem $'\t\t\trate 1000000/s')"
+	"$(zone memnone $'\t\t\trate 1000000/s' $'\t\theaders none')"
+	"$(zone memlog $'\t\t\tevents 100\n\t\t\twindow 1s')"
+	"$(zone memlognone $'\t\t\tevents 100\n\t\t\twindow 1s' $'\t\theaders none')"
+	""
+	"$(zone mh $'\t\t\tevents 100\n\t\t\twindow 1s')"
+)
+routes=()
+for i in "${!names[@]}"; do
+	port=$(freeport) admin=$(freeport)
+	{
+		globals "$admin"
+		site "$port" "${zones[$i]}"
+	} >"$dir/Caddyfile.${names[$i]}"
+	# shellcheck disable=SC2086
+	env ${CADDY_ENV:-} "$dir/caddy-${bins[$i]}" run --config "$dir/Caddyfile.${names[$i]}" --adapter caddyfile >"$dir/${names[$i]}.out" 2>&1 &
+	pids+=($!)
+	routes+=("$! $port $admin")
+done
+for r in "${routes[@]}"; do
+	read -r _ port _ <<<"$r"
+	waitport "$port"
+done
 writekeys "$nkeys"
 hz=$(getconf CLK_TCK)
-run() { # pid port -> "requests/s µs-of-CPU-a-request"
-	local c0 rps out
+gcs() { # admin-port -> the Caddy's collections so far
+	curl -s "http://127.0.0.1:$1/debug/vars" | python3 -c 'import json, sys; print(json.load(sys.stdin)["memstats"]["NumGC"])'
+}
+run() { # pid port admin-port -> "requests/s µs-of-CPU-a-request collections-a-1000-requests"
+	local c0 g0 rps out
+	g0=$(gcs "$3")
 	c0=$(cpu "$1")
 	out=$(wrk -t2 -c"$conns" -d"${secs}s" -s "$dir/keys.lua" "http://127.0.0.1:$2/")
 	# Every route admits every request: a 429 would measure another path.
 	if grep -q 'Non-2xx' <<<"$out"; then echo "port $2: $(grep 'Non-2xx' <<<"$out")" >&2; exit 1; fi
 	rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-	python3 -c "print('$rps', f'{($(cpu "$1") - $c0) * 1e6 / $hz / ($rps * $secs):.2f}')"
+	python3 -c "print('$rps', f'{($(cpu "$1") - $c0) * 1e6 / $hz / ($rps * $secs):.2f}', f'{($(gcs "$3") - $g0) * 1000 / ($rps * $secs):.3f}')"
 }
-run "$tpid" "$tb" >/dev/null # warm up
-run "$mpid" "$mb" >/dev/null
 
-echo "wrk -c$conns, ${secs}s per route, $nkeys keys, $rounds rounds; ratios to the same Caddy's bare route in the same round"
-routes=("$tpid $tb" "$tpid $tm" "$tpid $tn" "$tpid $tl" "$tpid $tq" "$mpid $mb" "$mpid $mm")
-names=(tollgate-bare memory memory-none memory-log memory-log-none mholt-bare mholt)
-for round in $(seq "$rounds"); do
-	for i in "${!routes[@]}"; do
-		j=$(((i + round) % ${#routes[@]}))
+# Every route once before the rounds: its keys are created, and its
+# Caddy's heap holds its zone's state, before anything is measured.
+for i in "${!routes[@]}"; do
+	# shellcheck disable=SC2086
+	run ${routes[$i]} >/dev/null
+done
+
+# The order of the routes: a random one each odd round, and its reverse
+# the round after, so that over each pair of rounds every route has the
+# same mean place, and no route always follows another (its own Caddy's
+# bare route, or the other Caddy's turns, which leave its Caddy idle).
+seed=${SEED:-$RANDOM}
+orders=$(python3 - "$seed" "$rounds" "${#routes[@]}" <<'PY'
+import random, sys
+seed, rounds, n = map(int, sys.argv[1:])
+rng = random.Random(seed)
+for r in range(rounds):
+    if r % 2 == 0:
+        order = list(range(n))
+        rng.shuffle(order)
+    else:
+        order.reverse()
+    print(" ".join(map(str, order)))
+PY
+)
+echo "wrk -c$conns, ${secs}s per route, $nkeys keys, $rounds rounds (SEED=$seed); ratios to the same module's bare route in the same round"
+round=0
+while read -r order; do
+	round=$((round + 1))
+	for j in $order; do
 		# shellcheck disable=SC2086
 		res=$(run ${routes[$j]}) # a failed run stops the script here
 		echo "$round ${names[$j]} $res"
 	done
-done >"$dir/runs"
+done <<<"$orders" >"$dir/runs"
+if [ -n "${RUNS:-}" ]; then cp "$dir/runs" "$RUNS"; fi # RUNS=<file> keeps every turn's figures
 python3 - "$dir/runs" <<'EOF'
 import collections, statistics, sys
 d = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    r, name, rps, us = line.split()
-    d[r][name] = (float(rps), float(us))
+    r, name, rps, us, gc = line.split()
+    d[r][name] = (float(rps), float(us), float(gc))
+def ratios(name, bare):
+    return [d[r][name][0] / d[r][bare][0] for r in d]
 def show(label, name, bare):
-    ratios = [d[r][name][0] / d[r][bare][0] for r in d]
+    rs = ratios(name, bare)
     extra = [d[r][name][1] - d[r][bare][1] for r in d]
-    print(f"  {label:<40} {statistics.median(ratios):.3f}  ({min(ratios):.3f}-{max(ratios):.3f})   CPU +{statistics.median(extra):.2f} µs a request")
+    gc = statistics.median(d[r][name][2] for r in d)
+    print(f"  {label:<40} {statistics.median(rs):.3f}  ({min(rs):.3f}-{max(rs):.3f})   CPU {statistics.median(extra):+.2f} µs a request, {gc:.3f} collections a 1000")
 print("medians (range) of the rounds' ratios to bare:")
 show("Tollgate memory zone, ietf headers", "memory", "tollgate-bare")
 show("Tollgate memory zone, headers none", "memory-none", "tollgate-bare")
 show("Tollgate as mholt's users write it", "memory-log", "tollgate-bare")
 show("  the same, headers none", "memory-log-none", "tollgate-bare")
 show("mholt/caddy-ratelimit v0.1.0", "mholt", "mholt-bare")
-print(f"  bare requests/s, medians: Tollgate's Caddy {statistics.median(d[r]['tollgate-bare'][0] for r in d):.0f}, mholt's Caddy {statistics.median(d[r]['mholt-bare'][0] for r in d):.0f}")
+for caddy in ("tollgate", "mholt"):
+    b = f"{caddy}-bare"
+    print(f"  {b:<40} {statistics.median(d[r][b][0] for r in d):.0f} requests/s, {statistics.median(d[r][b][1] for r in d):.2f} µs of CPU a request, {statistics.median(d[r][b][2] for r in d):.3f} collections a 1000")
+# The comparison the script is for, round by round: Tollgate's route
+# over mholt's, each in a Caddy of its own, both measured in the same
+# round; and the two bare Caddies, which differ only in the module
+# compiled in and not used, for the noise a quotient carries.
+def quotients(label, a, b):
+    q = [d[r][a][0] / d[r][b][0] for r in d]
+    print(f"  {label:<40} {statistics.median(q):.3f}  ({min(q):.3f}-{max(q):.3f})")
+print("requests/s over mholt's zone's, round by round (median, range):")
+quotients("Tollgate as mholt's users write it", "memory-log", "mholt")
+quotients("  the same, headers none", "memory-log-none", "mholt")
+quotients("Tollgate token_bucket, ietf headers", "memory", "mholt")
+quotients("bare Tollgate build over bare mholt's", "tollgate-bare", "mholt-bare")
 EOF
 
 # With PROFILE=<seconds>, the handler's own CPU a request, from each
@@ -156,5 +228,7 @@ print(f"  {name:<40} {s * 1e6 / (rps * secs):.2f} µs a request  ({own} of sampl
 PY
 }
 echo "the rate_limit handler's own CPU a request (${PROFILE}s profiles under wrk):"
+read -r _ tl ta <<<"${routes[3]}"
+read -r _ mm ma <<<"${routes[6]}"
 profile "Tollgate as mholt's users write it" "$tl" "$ta" "$dir/caddy-tollgate" '/tollgate\.\(\*Handler\)\.ServeHTTP'
 profile "mholt/caddy-ratelimit v0.1.0" "$mm" "$ma" "$dir/caddy-mholt" '/caddy-ratelimit\.Handler\.ServeHTTP'
