@@ -29,8 +29,10 @@ import (
 // of it goes back in the same script) and takes a new one sized from the
 // demand, twice what the key is asked for in a lease's life, which the
 // script caps at 1/QuotaLeaseShare of what the key has left. The key's
-// other requests meanwhile wait for that call. A cold key costs a counter
-// and keeps one round trip a decision.
+// other requests meanwhile wait for that call. While the key stays busy,
+// the sweeper makes its next lease call before the lease ends, together
+// with those of the other busy keys (see sweep). A cold key costs a
+// counter and keeps one round trip a decision.
 //
 // A lease is spent only before its end: its life (on Redis's clock, from
 // its take) measured on this instance's monotonic clock from before the
@@ -157,6 +159,7 @@ type keyLease struct {
 	// (the lease is at most an eighth of it: docs/redis.md's bound).
 	room       int64
 	start, end time.Duration
+	asker      *zone         // the zone of the key's last request
 	fetching   bool          // a lease call is out
 	done       chan struct{} // closed when it is back
 }
@@ -311,6 +314,7 @@ func (s *Store) leased(ctx context.Context, now int64, parts []part, cost int64)
 		h.mu.Lock()
 		if try == 0 {
 			h.note(t, cost, b.period())
+			h.asker = z
 		}
 		if h.n > 0 && h.z == z && t < h.end && h.left >= cost {
 			h.left -= cost
@@ -417,6 +421,23 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 		}()
 		old = ended{}
 	}
+	d, err := s.call(ctx, now, h, z, p.x, want, old, oldStart, t)
+	if err != nil {
+		return Verdict{}, true, err
+	}
+	rejected := -1
+	if !d.Allowed && p.block {
+		rejected = 0
+	}
+	return Verdict{Decisions: []algorithms.Decision{d}, Rejected: rejected, Decided: true, Clock: d.At}, true, nil
+}
+
+// call runs the lease call of h, whose lease call the caller claimed
+// (h.fetching) at t: a take of x on h's key in z, after ending old (h's
+// lease, detached, taken at oldStart), and a lease of up to want events;
+// then it records the new lease on h and releases the claim.
+func (s *Store) call(ctx context.Context, now int64, h *keyLease, z *zone, x, want int64, old ended, oldStart, t time.Duration) (algorithms.Decision, error) {
+	b := s.book
 	switch {
 	case old.worth(z, t, oldStart):
 		b.stats.Returned.Add(1)
@@ -427,7 +448,7 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 		old = ended{n: old.n} // nothing to give back: the script skips the return, and takes the lease off the key's leased
 	}
 
-	d, n, life, err := z.lease(ctx, now, p.key, p.x, want, b.life, old)
+	d, n, life, err := z.lease(ctx, now, h.rkey, x, want, b.life, old)
 	h.mu.Lock()
 	h.fetching = false
 	close(h.done)
@@ -443,18 +464,14 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 			b.stats.Lost.Add(1)
 			leaseTotals.Lost.Add(1)
 		}
-		return Verdict{}, true, fmt.Errorf("redis store: take %q: %w", z.name, err)
+		return d, fmt.Errorf("redis store: take %q: %w", z.name, err)
 	}
 	if n > 0 {
 		b.stats.Taken.Add(1)
 		leaseTotals.Taken.Add(1)
 		b.start()
 	}
-	rejected := -1
-	if !d.Allowed && p.block {
-		rejected = 0
-	}
-	return Verdict{Decisions: []algorithms.Decision{d}, Rejected: rejected, Decided: true, Clock: d.At}, true, nil
+	return d, nil
 }
 
 // lease runs a lease call (op 'q', see single.lua) for the Redis key
@@ -557,20 +574,27 @@ func (b *book) loop(stop, done chan struct{}) {
 // period, all of them if only is everything, or those of zone only; and
 // forgets the keys that hold none and were not asked for in two periods.
 //
-// A lease that is over while its key is still asked for is left to the
-// key's next request: its lease call ends it and takes the next one, in
-// one call, where a return of the sweep's own would be a second. (Left to
-// the sweep, it would be: a lease lives about eight sweeps, so a lease
-// the sweep returned is renewed just after a sweep and over just before
-// the eighth one after, and the sweep would take most of a busy key's
-// leases.) The quarter of a period past its end is for a key still asked
-// for that is no longer hot (no lease call comes).
+// A busy key's lease (its key asked for within a quarter of a period, by
+// the lease's zone, and still hot) that would end before the next sweep
+// (a quarter of a period on) and a margin (renewAhead) is renewed instead
+// (not with only): the lease call a request would make at its end (op
+// 'q': it ends the lease, what is left of it going back in the same
+// script, and takes the next, sized from the key's demand), deciding a
+// take of nothing. A sweep's renewals go out together, so that Redis runs
+// them back to back in one wake-up, where each key's request would wake
+// it alone, and the key's requests rarely wait for a lease call of their
+// own. A lease a reset or a grant ended (heard) is left to the key's next
+// request, and a lease call already out (fetching) to its caller.
+//
+// A lease that is over while its key is still asked for but no longer hot
+// (no lease call comes) is returned a quarter of a period past its end.
 func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 	quiet := time.Duration(b.period()) * time.Microsecond / 4
 	var due []*keyLease
 	var zones []*zone
 	var ends []ended
 	var starts []time.Duration
+	var renew []renewCall
 	for i := range b.shards {
 		sh := &b.shards[i]
 		sh.mu.Lock()
@@ -578,6 +602,10 @@ func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 			h.mu.Lock()
 			switch {
 			case h.fetching:
+			case only == nil && h.renewable(t, quiet) && h.want(t, b.period()) > 0:
+				start, want := h.start, h.want(t, b.period())
+				h.fetching, h.done = true, make(chan struct{})
+				renew = append(renew, renewCall{h: h, z: h.z, want: want, old: h.detach(), start: start})
 			case h.n > 0 && (only != nil && only(h.z) || only == nil && (t-h.used >= quiet || t >= h.end+quiet)):
 				start := h.start
 				e := h.detach()
@@ -589,9 +617,18 @@ func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 		}
 		sh.mu.Unlock()
 	}
-	// The returns go out together: a pipelined store sends them in a
-	// few round trips.
+	// The returns and the renewals go out together: a pipelined store
+	// sends them in a few round trips, and Redis runs them back to back.
 	var wg sync.WaitGroup
+	for _, r := range renew {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			b.s.call(ctx, b.wall(), r.h, r.z, 0, r.want, r.old, r.start, t)
+		}()
+	}
 	for i, h := range due {
 		e, z := ends[i], zones[i]
 		if !e.worth(z, t, starts[i]) {
@@ -615,6 +652,31 @@ func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 		}()
 	}
 	wg.Wait()
+}
+
+// renewAhead is how soon after a sweep a busy key's lease must end for
+// that sweep to renew it: before the next sweep, a tick of quiet on, and
+// a quarter of a tick more, for the renewal's round trip and a tick that
+// comes late.
+func renewAhead(quiet time.Duration) time.Duration { return quiet + quiet/4 }
+
+// renewable reports whether the sweep at t renews h's lease (see sweep):
+// the key was asked for within quiet, by the zone the lease is of, its
+// lease ends before the next sweep (quiet from now) and a margin, and no
+// reset or grant ended it (heard).
+func (h *keyLease) renewable(t, quiet time.Duration) bool {
+	return h.n > 0 && h.end != 0 && t-h.used < quiet && h.asker == h.z && h.end < t+renewAhead(quiet)
+}
+
+// renewCall is a lease call the sweep makes for a busy key: it ends old,
+// the key's lease (taken at start), and takes the next, of up to want
+// events, in z.
+type renewCall struct {
+	h     *keyLease
+	z     *zone
+	want  int64
+	old   ended
+	start time.Duration
 }
 
 // close stops the sweeper and returns every lease.

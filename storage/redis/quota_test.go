@@ -718,12 +718,15 @@ func TestLeaseDemand(t *testing.T) {
 	}
 }
 
-// TestSweepLeavesABusyKeysLeaseToItsCall: under a fake clock, a lease that
-// is over while its key is still asked for is not returned by the sweep:
-// the key's next request returns it in its own lease call (one script,
-// not two); a lease whose key is quiet is returned by the sweep, and
-// Redis then counts exactly what was admitted.
-func TestSweepLeavesABusyKeysLeaseToItsCall(t *testing.T) {
+// TestSweepRenewsABusyKeysLease: under a fake clock, a lease that is over
+// while its key is still asked for is not returned by the sweep on its
+// own: the sweep renews it, in one lease call that returns it and takes
+// the next (one script, not two), and the key's next request is decided
+// from the new lease; a lease whose key is quiet is returned by the
+// sweep, and Redis then counts exactly what was admitted. (It was
+// TestSweepLeavesABusyKeysLeaseToItsCall, when the key's next request
+// made that call: the sweep now makes it, issue 44.)
+func TestSweepRenewsABusyKeysLease(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
 	s := newTestStore(c)
@@ -777,17 +780,17 @@ func TestSweepLeavesABusyKeysLeaseToItsCall(t *testing.T) {
 	now.Store(int64(end + 2*time.Millisecond))
 	calls := scripts()
 	s.book.sweep(at(), nil)
-	if got := scripts() - calls; got != 0 {
-		t.Fatalf("the sweep just after the lease of a busy key ended ran %d scripts, want 0 (the key's next request returns it)", got)
-	}
-	now.Add(int64(time.Millisecond))
-	take() // a lease call: it ends the lease and takes the next
-	admitted++
 	if got := scripts() - calls; got != 1 {
-		t.Fatalf("the request after the lease's end ran %d scripts, want 1", got)
+		t.Fatalf("the sweep just after the lease of a busy key ended ran %d scripts, want 1 (a lease call: it ends the lease and takes the next)", got)
 	}
 	if got := s.Leases().Taken.Load(); got != taken+1 {
 		t.Fatalf("%d leases taken, want %d", got, taken+1)
+	}
+	now.Add(int64(time.Millisecond))
+	take() // decided from the new lease
+	admitted++
+	if got := scripts() - calls; got != 1 {
+		t.Fatalf("the sweep and the request after it ran %d scripts, want 1", got)
 	}
 	// Quiet: the sweep returns the lease.
 	now.Add(int64(time.Duration(s.book.period()) * time.Microsecond / 4))
@@ -809,7 +812,7 @@ func TestSweepLeavesABusyKeysLeaseToItsCall(t *testing.T) {
 // whatever its rate: its lease lives DefaultLeaseLife less 1/32 (a
 // bucket's, whose burst is a second of its rate, a µs or so less: half
 // of what it has left refills in that time), holds enough for its life
-// and is renewed when it ends, not before.
+// and is renewed at the last sweep before it ends, not sooner.
 func TestBusyKeyLeaseCalls(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
@@ -857,6 +860,133 @@ func TestBusyKeyLeaseCalls(t *testing.T) {
 			taken, returned := s.Leases().Taken.Load(), s.Leases().Returned.Load()
 			if taken != 7 {
 				t.Errorf("%d leases taken in 3 s (%d returned), want 7: one a life of %s", taken, returned, DefaultLeaseLife)
+			}
+		})
+	}
+}
+
+// TestSweepRenewsBusyKeys: under a fake clock, with a sweep every quarter
+// of a period as the sweeper runs them, a key asked for once a
+// millisecond has its lease renewed by the sweep before it ends, one
+// lease call a lease's life: after its first lease, none of its requests
+// makes a lease call (issue 44). A lease a reset ended (heard) is not
+// renewed: the key's next request takes the next one. Once the key goes
+// quiet, no sweep renews its lease: the next returns it, and Redis
+// counts exactly what was admitted.
+func TestSweepRenewsBusyKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	for _, l := range []algorithms.Limit{
+		mustLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour, 0, 0),
+		mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0),
+	} {
+		t.Run(l.Kind.String(), func(t *testing.T) {
+			s := newTestStore(c)
+			var now atomic.Int64 // the book's clock, in ns
+			s.book.clock = func() time.Duration { return time.Duration(now.Load()) }
+			s.book.wall = func() int64 { return epoch + time.Duration(now.Load()).Microseconds() }
+			s.book.mu.Lock()
+			s.book.started = true // no sweeper of its own: the test sweeps
+			s.book.mu.Unlock()
+			t.Cleanup(s.book.close)
+			zl := s.Zone(storage.Zone{Name: "renew-" + l.Kind.String(), Limit: l, Lease: true})
+			z := zl.(*zone)
+			ctx := context.Background()
+			at := func() time.Duration { return time.Duration(now.Load()) }
+			tick := time.Duration(s.book.period()) * time.Microsecond / 4
+			next := tick
+			sweep := func() {
+				for at() >= next {
+					s.book.sweep(next, nil)
+					next += tick
+				}
+			}
+			var admitted int64
+			take := func() (called bool) {
+				t.Helper()
+				taken := s.Leases().Taken.Load()
+				v, err := s.Decide(ctx, epoch+at().Microseconds(), []Request{{Zone: zl, Key: "k", Cost: algorithms.Milli}})
+				if err != nil || v.Rejected >= 0 {
+					t.Fatalf("Decide at %s = %+v, %v", at(), v, err)
+				}
+				admitted++
+				return s.Leases().Taken.Load() != taken
+			}
+			var first time.Duration
+			var requestCalls int
+			for ms := 1; ms <= 3000; ms++ {
+				now.Store(int64(time.Duration(ms) * time.Millisecond))
+				sweep()
+				if take() {
+					requestCalls++
+				}
+				if first == 0 && s.Leases().Taken.Load() > 0 {
+					first = at()
+				}
+			}
+			if first == 0 || requestCalls != 1 {
+				t.Fatalf("the key's requests made %d lease calls in 3 s (the first at %s), want 1: the sweep renews a busy key's lease", requestCalls, first)
+			}
+			if taken := s.Leases().Taken.Load(); taken != 7 {
+				t.Errorf("%d leases taken in 3 s, want 7: one a life of %s", taken, DefaultLeaseLife)
+			}
+			if _, left, ok := z.LeaseOf("k"); !ok || left < tick.Microseconds() {
+				t.Fatalf("the busy key's lease ends in %dµs (held %t), want at least a sweep's tick away", left, ok)
+			}
+
+			// A reset ends the lease here: the sweeps leave it to the
+			// key's next request.
+			s.book.heard(s.key("k", z.tail), 0)
+			taken := s.Leases().Taken.Load()
+			now.Add(int64(10 * time.Millisecond)) // busy still
+			s.book.sweep(at(), nil)
+			if got := s.Leases().Taken.Load(); got != taken {
+				t.Fatalf("a sweep renewed a lease a reset ended (%d leases taken, want %d)", got, taken)
+			}
+			if !take() {
+				t.Fatal("the request after a reset ended the key's lease made no lease call")
+			}
+
+			// Busy until the lease would end before a sweep a tick on
+			// renews it (renewAhead), then quiet from then: that sweep
+			// does not renew it but returns it, and none after takes one.
+			ahead := renewAhead(tick).Microseconds()
+			for i := 0; ; i++ {
+				if _, left, ok := z.LeaseOf("k"); !ok || left < ahead+tick.Microseconds() {
+					break
+				}
+				if i == 1000 {
+					t.Fatal("the busy key's lease did not near its end in 1 s")
+				}
+				now.Add(int64(time.Millisecond))
+				sweep()
+				take()
+			}
+			taken = s.Leases().Taken.Load()
+			now.Add(int64(tick))
+			s.book.sweep(at(), nil)
+			if _, _, ok := z.LeaseOf("k"); ok {
+				t.Fatal("a key quiet for a sweep's tick still holds a lease after the sweep")
+			}
+			for range 16 { // two lease lives
+				now.Add(int64(tick))
+				sweep()
+			}
+			if got := s.Leases().Taken.Load(); got != taken {
+				t.Fatalf("%d leases taken while the key was quiet, want none", got-taken)
+			}
+			if _, _, ok := z.LeaseOf("k"); ok {
+				t.Fatal("a quiet key's lease is still held")
+			}
+			if l.Kind != algorithms.FixedWindow {
+				return
+			}
+			d, _, err := z.Peek(ctx, "k", epoch+at().Microseconds())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := d.Remaining, l.Events-admitted; got != want {
+				t.Fatalf("Redis has %d left after %d admitted and every lease returned, want %d", got, admitted, want)
 			}
 		})
 	}
