@@ -729,17 +729,8 @@ func TestLeaseDemand(t *testing.T) {
 func TestSweepRenewsABusyKeysLease(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	s := newTestStore(c)
-	var now atomic.Int64 // the book's clock, in ns
-	s.book.clock = func() time.Duration { return time.Duration(now.Load()) }
-	s.book.wall = func() int64 { return epoch + time.Duration(now.Load()).Microseconds() } // Redis's, here
-	s.book.mu.Lock()
-	s.book.started = true // no sweeper of its own: the test sweeps
-	s.book.mu.Unlock()
-	t.Cleanup(s.book.close)
 	l := mustLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour, 0, 0)
-	zl := s.Zone(storage.Zone{Name: "sweep", Limit: l, Lease: true})
-	z := zl.(*zone)
+	s, now, zl, z := fakeClockBook(t, c, "sweep", l)
 	ctx := context.Background()
 	at := func() time.Duration { return time.Duration(now.Load()) }
 	take := func() {
@@ -807,6 +798,23 @@ func TestSweepRenewsABusyKeysLease(t *testing.T) {
 	}
 }
 
+// fakeClockBook returns a store on c whose book runs on a fake clock (now,
+// in ns from epoch, Redis's too) with no sweeper of its own (the test
+// sweeps), and its leasing zone name of l.
+func fakeClockBook(t *testing.T, c Client, name string, l algorithms.Limit) (*Store, *atomic.Int64, storage.Limiter, *zone) {
+	t.Helper()
+	s := newTestStore(c)
+	now := new(atomic.Int64)
+	s.book.clock = func() time.Duration { return time.Duration(now.Load()) }
+	s.book.wall = func() int64 { return epoch + time.Duration(now.Load()).Microseconds() }
+	s.book.mu.Lock()
+	s.book.started = true
+	s.book.mu.Unlock()
+	t.Cleanup(s.book.close)
+	zl := s.Zone(storage.Zone{Name: name, Limit: l, Lease: true})
+	return s, now, zl, zl.(*zone)
+}
+
 // TestBusyKeyLeaseCalls: under a fake clock, a key asked for once a
 // millisecond for 3 s costs Redis one lease call a lease's life (500 ms),
 // whatever its rate: its lease lives DefaultLeaseLife less 1/32 (a
@@ -821,16 +829,7 @@ func TestBusyKeyLeaseCalls(t *testing.T) {
 		mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0),
 	} {
 		t.Run(l.Kind.String(), func(t *testing.T) {
-			s := newTestStore(c)
-			var now atomic.Int64 // the book's clock, in ns
-			s.book.clock = func() time.Duration { return time.Duration(now.Load()) }
-			s.book.wall = func() int64 { return epoch + time.Duration(now.Load()).Microseconds() }
-			s.book.mu.Lock()
-			s.book.started = true // no sweeper of its own: the test sweeps
-			s.book.mu.Unlock()
-			t.Cleanup(s.book.close)
-			zl := s.Zone(storage.Zone{Name: "busy-" + l.Kind.String(), Limit: l, Lease: true})
-			z := zl.(*zone)
+			s, now, zl, z := fakeClockBook(t, c, "busy-"+l.Kind.String(), l)
 			ctx := context.Background()
 			var first time.Duration
 			for ms := range 3000 {
@@ -881,16 +880,7 @@ func TestSweepRenewsBusyKeys(t *testing.T) {
 		mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0),
 	} {
 		t.Run(l.Kind.String(), func(t *testing.T) {
-			s := newTestStore(c)
-			var now atomic.Int64 // the book's clock, in ns
-			s.book.clock = func() time.Duration { return time.Duration(now.Load()) }
-			s.book.wall = func() int64 { return epoch + time.Duration(now.Load()).Microseconds() }
-			s.book.mu.Lock()
-			s.book.started = true // no sweeper of its own: the test sweeps
-			s.book.mu.Unlock()
-			t.Cleanup(s.book.close)
-			zl := s.Zone(storage.Zone{Name: "renew-" + l.Kind.String(), Limit: l, Lease: true})
-			z := zl.(*zone)
+			s, now, zl, z := fakeClockBook(t, c, "renew-"+l.Kind.String(), l)
 			ctx := context.Background()
 			at := func() time.Duration { return time.Duration(now.Load()) }
 			tick := time.Duration(s.book.period()) * time.Microsecond / 4
