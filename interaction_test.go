@@ -641,6 +641,10 @@ type ixAdmission struct {
 	outage   bool // decided while Redis did not answer
 	inst     int
 	outageN  int // which outage
+	// late: made in a step in which Redis answered a call too late
+	// unasked (see excuseHiccup): its settlement may have been kept and
+	// reached Redis after any admission that followed it.
+	late bool
 }
 
 // ixRun is one run of a sequence.
@@ -679,7 +683,7 @@ type ixRun struct {
 	// did not stop it (see excuseHiccup).
 	hiccupBase float64
 	hiccups    int
-	stalls     bool                     // Redis stalls now and then, unannounced (see ixStalls)
+	stalls     *ixStallLog              // when Redis stalled unannounced (see ixStalls), or nil
 	took       map[string]time.Duration // by step kind, for the log
 	redisDir   string                   // where Redis keeps its append-only file
 	// leaseResets are when the keys of a lease zone were last reset, and
@@ -897,13 +901,6 @@ func ixHiccups() float64 {
 	return n + float64(pending+applied+dropped)
 }
 
-// stalled reports whether an admin call's status code is a stall's (see
-// ixStalls), which the run caused but did not announce: the call may or
-// may not have reached Redis, and the checker allows either.
-func (r *ixRun) stalled(code int) bool {
-	return r.stalls && !r.outage && code == http.StatusServiceUnavailable
-}
-
 // hiccup reports whether, in the step running, Redis failed a call
 // though the test neither stopped nor paused it.
 func (r *ixRun) hiccup() bool {
@@ -922,7 +919,7 @@ func (r *ixRun) excuseHiccup(g0, step int) {
 	for id, adm := range r.admitted {
 		for j := range adm {
 			if adm[j].group > g0 && !adm[j].outage {
-				adm[j].outage, adm[j].outageN = true, -1-step
+				adm[j].outage, adm[j].outageN, adm[j].late = true, -1-step, true
 			}
 		}
 		r.admitted[id] = adm
@@ -1074,9 +1071,31 @@ func (r *ixRun) adminBody(method, path, body string) int {
 		r.failf("%s %s: %v", method, path, err)
 		return 0
 	}
-	io.Copy(io.Discard, resp.Body)
+	msg, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	if resp.StatusCode == http.StatusServiceUnavailable && !r.outage && bytes.Contains(msg, []byte("store unavailable")) {
+		r.t.Logf("%s %s: Redis answered too late (a stall the test did not cause): %s", method, path, bytes.TrimSpace(msg))
+		return ixStalled
+	}
 	return resp.StatusCode
+}
+
+// ixStalled is what adminBody returns for a call that failed because
+// Redis answered too late though the test had not stopped it: a stall
+// (TOLLGATE_INTERACT_STALLS, or a loaded machine's -race run). The call
+// may or may not have reached Redis, and the checker allows either.
+const ixStalled = -1
+
+// adminFailed reports whether an admin call's status is a failure: not
+// 200 or 404, nor a stall's, nor a 503 while the test has Redis down.
+func (r *ixRun) adminFailed(code int) bool {
+	return code != 200 && code != 404 && code != ixStalled && !(r.outage && code == http.StatusServiceUnavailable)
+}
+
+// adminMayHaveRun reports whether an admin call's status says it ran or
+// may have run.
+func adminMayHaveRun(code int) bool {
+	return code == 200 || code == 404 || code == ixStalled
 }
 
 // reset resets a key in a zone; the checker then starts its history anew.
@@ -1086,20 +1105,20 @@ func (r *ixRun) reset(zone string, k int, step int) {
 		// A key per model: each is reset, and forgotten alone.
 		for _, m := range []string{"m1", "m2"} {
 			code := r.admin(http.MethodDelete, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key+"-"+m))
-			if code != 200 && code != 404 && !((r.outage || r.stalls) && code == 503) {
+			if r.adminFailed(code) {
 				r.failf("step %d: reset %s %s: status %d", step, zone, key+"-"+m, code)
 			}
-			if code == 200 || code == 404 || r.stalled(code) {
+			if adminMayHaveRun(code) {
 				delete(r.admitted, zone+"|"+key+"|"+m)
 			}
 		}
 		return
 	}
 	code := r.admin(http.MethodDelete, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key))
-	if code != 200 && code != 404 && !((r.outage || r.stalls) && code == 503) {
+	if r.adminFailed(code) {
 		r.failf("step %d: reset %s %s: status %d", step, zone, key, code)
 	}
-	if code == 200 || code == 404 || r.stalled(code) {
+	if adminMayHaveRun(code) {
 		if ixZoneNamed(zone).lease {
 			if r.leaseResets == nil {
 				r.leaseResets = map[string]int64{}
@@ -1125,7 +1144,7 @@ func (r *ixRun) grant(zone string, k, n int, step int) bool {
 	from := r.now()
 	code := r.adminBody(http.MethodPost, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key)+"/grant", fmt.Sprintf(`{"amount": %d}`, n))
 	id := zone + "|" + key
-	if r.stalled(code) {
+	if code == ixStalled {
 		// Perhaps granted: the checker allows it.
 		r.grants[id] = append(r.grants[id], ixGrant{from: from, to: r.now(), amount: int64(n)})
 		return false
@@ -1151,10 +1170,10 @@ func ixZoneNamed(name string) ixZone {
 func (r *ixRun) unban(k int, step int) {
 	key := r.key(k)
 	code := r.admin(http.MethodDelete, "/rate_limit/zones/ix_ban/bans/"+url.PathEscape(key))
-	if code != 200 && code != 404 && !((r.outage || r.stalls) && code == 503) {
+	if r.adminFailed(code) {
 		r.failf("step %d: unban %s: status %d", step, key, code)
 	}
-	if code == 200 || code == 404 || r.stalled(code) {
+	if adminMayHaveRun(code) {
 		delete(r.banned, key)
 	}
 }
@@ -1580,18 +1599,23 @@ func ixExceeds(z ixZone, events int64, adm []ixAdmission, grants []ixGrant) stri
 		// at most B + r * elapsed + X, X the excess (actual cost over the
 		// estimate reserved) of those of i..j that may have settled
 		// after j was admitted: j's group (itself, or its burst), whose
-		// admissions are the last of i..j.
+		// admissions are the last of i..j, and the late ones (whose
+		// settlement may have been kept for Redis).
 		for i := range adm {
-			var sum, owed float64
+			var sum, owed, late float64
 			group := -1
 			for j := i; j < len(adm); j++ {
 				sum += float64(adm[j].cost)
 				if adm[j].group != group {
 					group, owed = adm[j].group, 0
 				}
-				owed += float64(max(adm[j].cost-adm[j].reserved, 0))
-				if allowed := n + n*float64(adm[j].at-adm[i].at)/float64(w) + owed; sum > allowed+eps {
-					return fmt.Sprintf("%s: cost %g admitted in %dµs, at most %g (%g owed by settlements after the last)", z.algo, sum, adm[j].at-adm[i].at, allowed, owed)
+				if excess := float64(max(adm[j].cost-adm[j].reserved, 0)); adm[j].late {
+					late += excess
+				} else {
+					owed += excess
+				}
+				if allowed := n + n*float64(adm[j].at-adm[i].at)/float64(w) + owed + late; sum > allowed+eps {
+					return fmt.Sprintf("%s: cost %g admitted in %dµs, at most %g (%g owed by settlements after the last)", z.algo, sum, adm[j].at-adm[i].at, allowed, owed+late)
 				}
 			}
 		}
@@ -1722,11 +1746,13 @@ func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []st
 // zones' 500-600ms timeout) without telling the run, until the test ends:
 // as a loaded machine does to a run under -race. The checker finds each
 // stall's effects (see excuseHiccup); the run checks that nothing else
-// gives.
-func ixStalls(t *testing.T, srv *redistest.Server, seed int64) {
+// gives. A stall begins every every to 3×every. The log it returns tells
+// when Redis stalled.
+func ixStalls(t *testing.T, srv *redistest.Server, seed int64, every time.Duration) *ixStallLog {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	c := srv.Client()
+	log := &ixStallLog{}
 	go func() {
 		defer close(done)
 		rng := rand.New(rand.NewSource(seed))
@@ -1734,9 +1760,12 @@ func ixStalls(t *testing.T, srv *redistest.Server, seed int64) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(time.Duration(1000+rng.Intn(2000)) * time.Millisecond):
+			case <-time.After(every + time.Duration(rng.Int63n(int64(2*every)))):
 			}
+			from := time.Now()
+			log.add(from, from) // under way
 			c.Do(ctx, "DEBUG", "SLEEP", fmt.Sprintf("%.1f", 0.5+float64(rng.Intn(5))/10))
+			log.end(time.Now())
 		}
 	}()
 	t.Cleanup(func() {
@@ -1744,6 +1773,58 @@ func ixStalls(t *testing.T, srv *redistest.Server, seed int64) {
 		<-done
 		c.Close()
 	})
+	return log
+}
+
+// ixStallLog is when ixStalls stalled Redis.
+type ixStallLog struct {
+	mu    sync.Mutex
+	spans [][2]time.Time // from, to (to zero: under way)
+}
+
+func (l *ixStallLog) add(from, _ time.Time) {
+	l.mu.Lock()
+	l.spans = append(l.spans, [2]time.Time{from})
+	l.mu.Unlock()
+}
+
+func (l *ixStallLog) end(to time.Time) {
+	l.mu.Lock()
+	l.spans[len(l.spans)-1][1] = to
+	l.mu.Unlock()
+}
+
+// during reports whether Redis stalled, at least in part, between from
+// and to (false for no log: no stalls caused).
+func (l *ixStallLog) during(from, to time.Time) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, sp := range l.spans {
+		if sp[0].Before(to) && (sp[1].IsZero() || sp[1].After(from)) {
+			return true
+		}
+	}
+	return false
+}
+
+// ixStallEvery is how often TOLLGATE_INTERACT_STALLS stalls Redis: a
+// duration (a stall every that to three times that), or any other value
+// for every 1 s; 0 when unset.
+func ixStallEvery(t *testing.T) time.Duration {
+	v := os.Getenv("TOLLGATE_INTERACT_STALLS")
+	if v == "" {
+		return 0
+	}
+	if d, err := time.ParseDuration(v); err == nil {
+		if d <= 0 {
+			t.Fatalf("TOLLGATE_INTERACT_STALLS=%q: want a duration above 0 (or 1)", v)
+		}
+		return d
+	}
+	return time.Second
 }
 
 func TestInteraction(t *testing.T) {
@@ -1762,8 +1843,8 @@ func TestInteraction(t *testing.T) {
 				// settle step's kill loses nothing, and every settlement
 				// held across it must reach Redis exactly once.
 				r.srv = redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "no", "--enable-debug-command", "yes")
-				if r.stalls = os.Getenv("TOLLGATE_INTERACT_STALLS") != ""; r.stalls {
-					ixStalls(t, r.srv, seed)
+				if every := ixStallEvery(t); every > 0 {
+					r.stalls = ixStalls(t, r.srv, seed, every)
 				}
 				c := r.srv.Client()
 				dir, err := c.ConfigGet(t.Context(), "dir").Result()
