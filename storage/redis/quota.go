@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddy-tollgate/tollgate/algorithms"
+	"github.com/caddy-tollgate/tollgate/storage"
 )
 
 // Quota leases (see algorithms/lease.go): a key that this instance sees
@@ -284,6 +285,62 @@ func (e ended) worth(z *zone, t, start time.Duration) bool {
 	return z.limit.Kind != algorithms.FixedWindow && (t-start).Microseconds() < e.life
 }
 
+// FromLease decides a request of cost milli-units on key in zone l (a
+// zone of this store) from this instance's lease on the key, if it holds
+// one that can admit it: what leased does first, without building the
+// request's parts, its Redis key or its Verdict (no allocation). It
+// reports false when the lease cannot (none, spent, ended, or another
+// zone's), having changed nothing: decide the request with Decide.
+func (s *Store) FromLease(l storage.Limiter, key string, cost int64) (algorithms.Decision, bool) {
+	z, ok := l.(*zone)
+	b := s.book
+	if !ok || z.store != s || !z.leases || cost <= 0 || cost > z.limit.Capacity() || b.life <= 0 {
+		return algorithms.Decision{}, false
+	}
+	var buf [128]byte
+	rkey := s.appendKey(buf[:0], key, z.tail)
+	hash := maphash.Bytes(b.seed, rkey)
+	sh := b.shard(hash)
+	sh.mu.RLock()
+	h := sh.m[string(rkey)]
+	sh.mu.RUnlock()
+	if h == nil {
+		return algorithms.Decision{}, false
+	}
+	t := b.clock()
+	h.mu.Lock()
+	if !h.holds(z, t, cost) {
+		h.mu.Unlock()
+		return algorithms.Decision{}, false
+	}
+	h.note(t, cost, b.period())
+	h.asker = z
+	d := h.spend(t, cost)
+	h.mu.Unlock()
+	b.decided()
+	return d, true
+}
+
+// holds reports whether h's lease, of zone z, can admit cost milli-units
+// at t. h.mu is held.
+func (h *keyLease) holds(z *zone, t time.Duration, cost int64) bool {
+	return h.n > 0 && h.z == z && t < h.end && h.left >= cost
+}
+
+// spend admits cost milli-units at t from h's lease (see holds), and
+// returns the decision. h.mu is held.
+func (h *keyLease) spend(t time.Duration, cost int64) algorithms.Decision {
+	h.left -= cost
+	elapsed := (t - h.start).Microseconds()
+	return algorithms.Decision{Allowed: true, Remaining: h.left / algorithms.Milli, Reset: max(0, h.reset-elapsed), At: h.taken + elapsed}
+}
+
+// decided counts a decision made from a lease.
+func (b *book) decided() {
+	b.stats.Decisions.Add(1)
+	leaseTotals.Decisions.Add(1)
+}
+
 // leased decides parts, one request on one leasing zone's key, from this
 // instance's lease on the key, without a round trip, if it can; else, if
 // the key is hot, by a lease call (see fetch), unless the deny cache
@@ -316,13 +373,10 @@ func (s *Store) leased(ctx context.Context, now int64, parts []part, cost int64)
 			h.note(t, cost, b.period())
 			h.asker = z
 		}
-		if h.n > 0 && h.z == z && t < h.end && h.left >= cost {
-			h.left -= cost
-			elapsed := (t - h.start).Microseconds()
-			d := algorithms.Decision{Allowed: true, Remaining: h.left / algorithms.Milli, Reset: max(0, h.reset-elapsed), At: h.taken + elapsed}
+		if h.holds(z, t, cost) {
+			d := h.spend(t, cost)
 			h.mu.Unlock()
-			b.stats.Decisions.Add(1)
-			leaseTotals.Decisions.Add(1)
+			b.decided()
 			return Verdict{Decisions: []algorithms.Decision{d}, Rejected: -1}, true, nil
 		}
 		if h.fetching {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1034,5 +1035,73 @@ func TestLeaseCallReadsAndWritesOnce(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestFromLease: the hot path (FromLease, which the shared store tries
+// before Decide) decides from a key's lease as Decide's would, spending
+// the same lease; where the lease cannot (none, another zone's, spent,
+// ended) it reports false having changed nothing, so that Decide, which
+// follows, counts the request once; and it finds keys of any length
+// (beyond its stack buffer too).
+func TestFromLease(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	l := mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0)
+	s, now, zl, z := fakeClockBook(t, c, "fromlease", l)
+	other := s.Zone(storage.Zone{Name: "fromlease-other", Limit: l, Lease: true})
+	ctx := context.Background()
+	for _, key := range []string{"k", strings.Repeat("long key ", 40)} {
+		if _, ok := s.FromLease(zl, key, algorithms.Milli); ok {
+			t.Fatalf("%.10q: decided from a lease before any", key)
+		}
+		// Hot: Decide takes its lease.
+		for i := 0; ; i++ {
+			now.Add(int64(time.Millisecond))
+			if _, err := s.Decide(ctx, epoch+time.Duration(now.Load()).Microseconds(), []Request{{Zone: zl, Key: key, Cost: algorithms.Milli}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, ok := z.LeaseOf(key); ok {
+				break
+			}
+			if i == 100 {
+				t.Fatalf("%.10q: no lease after 100 requests", key)
+			}
+		}
+		events, _, _ := z.LeaseOf(key)
+		d, ok := s.FromLease(zl, key, 2*algorithms.Milli)
+		if !ok || !d.Allowed || d.Remaining != events-2 {
+			t.Fatalf("%.10q: FromLease = %+v, %t; want allowed from the lease's %d, %d left", key, d, ok, events, events-2)
+		}
+		if got, _, _ := z.LeaseOf(key); got != events-2 {
+			t.Fatalf("%.10q: the lease holds %d after FromLease, want %d", key, got, events-2)
+		}
+		h := s.book.find(s.key(key, z.tail))
+		h.mu.Lock()
+		asked := h.asked
+		h.mu.Unlock()
+		for _, c := range []struct {
+			name string
+			l    storage.Limiter
+			cost int64
+		}{
+			{"another zone's request", other, algorithms.Milli},
+			{"a cost above what the lease holds", zl, (events - 1) * algorithms.Milli},
+			{"a cost of 0", zl, 0},
+			{"a cost above the capacity", zl, l.Capacity() + 1},
+		} {
+			if d, ok := s.FromLease(c.l, key, c.cost); ok {
+				t.Errorf("%.10q: %s: decided from the lease: %+v", key, c.name, d)
+			}
+		}
+		now.Add(int64(DefaultLeaseLife)) // the lease ended
+		if d, ok := s.FromLease(zl, key, algorithms.Milli); ok {
+			t.Errorf("%.10q: decided from a lease that ended: %+v", key, d)
+		}
+		h.mu.Lock()
+		if h.asked != asked {
+			t.Errorf("%.10q: FromLease that could not decide counted the request (asked %d, was %d)", key, h.asked, asked)
+		}
+		h.mu.Unlock()
 	}
 }

@@ -212,7 +212,19 @@ func (s *Store) Key(zone string, kind algorithms.Kind, key string) string {
 
 // key returns the Redis key of key, given its zone's keyTail.
 func (s *Store) key(key, tail string) string {
-	return s.prefix + "{" + strconv.Itoa(len(key)) + ":" + key + "}" + tail
+	var buf [128]byte
+	return string(s.appendKey(buf[:0], key, tail))
+}
+
+// appendKey appends s.key(key, tail) to dst.
+func (s *Store) appendKey(dst []byte, key, tail string) []byte {
+	dst = append(dst, s.prefix...)
+	dst = append(dst, '{')
+	dst = strconv.AppendInt(dst, int64(len(key)), 10)
+	dst = append(dst, ':')
+	dst = append(dst, key...)
+	dst = append(dst, '}')
+	return append(dst, tail...)
 }
 
 // keyTail is the part of a Redis key after the hash tag, the same for all

@@ -142,6 +142,12 @@ func Undo[Z any](ctx context.Context, parts []Part[Z], now int64) (failed Z, err
 // slot). It goes through the same breaker and timeout as a single Take.
 func (s *Store[Z]) takeAll(ctx context.Context, now int64, parts []Part[Z]) (rejected int, err error) {
 	pool := s.Pool
+	if len(parts) == 1 && fromLease(pool, &parts[0]) {
+		if s.slotCopies {
+			return countSlots(ctx, now, parts), nil
+		}
+		return -1, nil
+	}
 	var buf [InlineParts]redisstore.Request
 	reqs := buf[:0]
 	holding := false
@@ -189,6 +195,24 @@ func (s *Store[Z]) takeAll(ctx context.Context, now int64, parts []Part[Z]) (rej
 		return countSlots(ctx, now, parts), nil
 	}
 	return v.Rejected, nil
+}
+
+// fromLease decides p, a request's only part, from its key's quota lease
+// on this instance (see redisstore.Store.FromLease), if it can: as the
+// store's Decide would through the breaker, without a round trip, but
+// building no request for it. Not while the breaker is open (the zone's
+// on_storage_error decides then, leases aside: docs/redis.md), nor for a
+// zone that holds the client for a settlement or a wait.
+func fromLease[Z any](pool *Pool, p *Part[Z]) bool {
+	lim, ok := p.Zone.Limiter.(*Limiter)
+	if !ok || p.Zone.Settles || p.Zone.Delays || p.Strike != 0 || pool.rt.Breaker.Down() {
+		return false
+	}
+	d, ok := pool.store.FromLease(lim.inner, p.Key, p.Cost)
+	if ok {
+		p.D, p.Limiter = d, p.Zone.Limiter
+	}
+	return ok
 }
 
 // Settles reports whether a part of a zone with response options admitted
