@@ -816,13 +816,11 @@ func fakeClockBook(t *testing.T, c Client, name string, l algorithms.Limit) (*St
 	return s, now, zl, zl.(*zone)
 }
 
-// TestBusyKeyLeaseCalls: under a fake clock, a key asked for once a
-// millisecond for 3 s costs Redis one lease call a lease's life (500 ms),
-// whatever its rate: its lease lives DefaultLeaseLife less 1/32 (a
-// bucket's, whose burst is a second of its rate, a µs or so less: half
-// of what it has left refills in that time), holds enough for its life
-// and is renewed at the last sweep before it ends, not sooner.
-func TestBusyKeyLeaseCalls(t *testing.T) {
+// busyLimits runs f in a subtest for each of two limits whose keys
+// lease (a fixed_window of 1,000,000 an hour, a token_bucket of
+// 1,000,000 a second), with a fake-clock book of a zone of it, named
+// name and the algorithm.
+func busyLimits(t *testing.T, name string, f func(t *testing.T, l algorithms.Limit, s *Store, now *atomic.Int64, zl storage.Limiter, z *zone)) {
 	srv := redistest.Start(t)
 	c := srv.Client()
 	for _, l := range []algorithms.Limit{
@@ -830,39 +828,51 @@ func TestBusyKeyLeaseCalls(t *testing.T) {
 		mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0),
 	} {
 		t.Run(l.Kind.String(), func(t *testing.T) {
-			s, now, zl, z := fakeClockBook(t, c, "busy-"+l.Kind.String(), l)
-			ctx := context.Background()
-			var first time.Duration
-			for ms := range 3000 {
-				now.Store(int64(time.Duration(ms+1) * time.Millisecond))
-				at := time.Duration(now.Load())
-				v, err := s.Decide(ctx, epoch+at.Microseconds(), []Request{{Zone: zl, Key: "k", Cost: algorithms.Milli}})
-				if err != nil || v.Rejected >= 0 {
-					t.Fatalf("Decide at %s = %+v, %v", at, v, err)
-				}
-				if ms%62 == 0 {
-					s.book.sweep(at, nil)
-				}
-				if first == 0 && s.Leases().Taken.Load() == 1 {
-					first = at
-					_, left, ok := z.LeaseOf("k")
-					life := DefaultLeaseLife.Microseconds()
-					if !ok || left > life-life/32 || left < life-life/32-10 {
-						t.Fatalf("first lease: ends in %dµs (held %t), want %dµs", left, ok, life-life/32)
-					}
-				}
-			}
-			if first == 0 || first > 20*time.Millisecond {
-				t.Fatalf("first lease at %s, want one within 20 ms of requests 1 ms apart", first)
-			}
-			// 3 s less the first lease's time, in lives of 484 ms: 6
-			// renewals, and the first lease.
-			taken, returned := s.Leases().Taken.Load(), s.Leases().Returned.Load()
-			if taken != 7 {
-				t.Errorf("%d leases taken in 3 s (%d returned), want 7: one a life of %s", taken, returned, DefaultLeaseLife)
-			}
+			s, now, zl, z := fakeClockBook(t, c, name+"-"+l.Kind.String(), l)
+			f(t, l, s, now, zl, z)
 		})
 	}
+}
+
+// TestBusyKeyLeaseCalls: under a fake clock, a key asked for once a
+// millisecond for 3 s costs Redis one lease call a lease's life (500 ms),
+// whatever its rate: its lease lives DefaultLeaseLife less 1/32 (a
+// bucket's, whose burst is a second of its rate, a µs or so less: half
+// of what it has left refills in that time), holds enough for its life
+// and is renewed at the last sweep before it ends, not sooner.
+func TestBusyKeyLeaseCalls(t *testing.T) {
+	busyLimits(t, "busy", func(t *testing.T, l algorithms.Limit, s *Store, now *atomic.Int64, zl storage.Limiter, z *zone) {
+		ctx := context.Background()
+		var first time.Duration
+		for ms := range 3000 {
+			now.Store(int64(time.Duration(ms+1) * time.Millisecond))
+			at := time.Duration(now.Load())
+			v, err := s.Decide(ctx, epoch+at.Microseconds(), []Request{{Zone: zl, Key: "k", Cost: algorithms.Milli}})
+			if err != nil || v.Rejected >= 0 {
+				t.Fatalf("Decide at %s = %+v, %v", at, v, err)
+			}
+			if ms%62 == 0 {
+				s.book.sweep(at, nil)
+			}
+			if first == 0 && s.Leases().Taken.Load() == 1 {
+				first = at
+				_, left, ok := z.LeaseOf("k")
+				life := DefaultLeaseLife.Microseconds()
+				if !ok || left > life-life/32 || left < life-life/32-10 {
+					t.Fatalf("first lease: ends in %dµs (held %t), want %dµs", left, ok, life-life/32)
+				}
+			}
+		}
+		if first == 0 || first > 20*time.Millisecond {
+			t.Fatalf("first lease at %s, want one within 20 ms of requests 1 ms apart", first)
+		}
+		// 3 s less the first lease's time, in lives of 484 ms: 6
+		// renewals, and the first lease.
+		taken, returned := s.Leases().Taken.Load(), s.Leases().Returned.Load()
+		if taken != 7 {
+			t.Errorf("%d leases taken in 3 s (%d returned), want 7: one a life of %s", taken, returned, DefaultLeaseLife)
+		}
+	})
 }
 
 // TestSweepRenewsBusyKeys: under a fake clock, with a sweep every quarter
@@ -874,113 +884,105 @@ func TestBusyKeyLeaseCalls(t *testing.T) {
 // quiet, no sweep renews its lease: the next returns it, and Redis
 // counts exactly what was admitted.
 func TestSweepRenewsBusyKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client()
-	for _, l := range []algorithms.Limit{
-		mustLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour, 0, 0),
-		mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0),
-	} {
-		t.Run(l.Kind.String(), func(t *testing.T) {
-			s, now, zl, z := fakeClockBook(t, c, "renew-"+l.Kind.String(), l)
-			ctx := context.Background()
-			at := func() time.Duration { return time.Duration(now.Load()) }
-			tick := time.Duration(s.book.period()) * time.Microsecond / 4
-			next := tick
-			sweep := func() {
-				for at() >= next {
-					s.book.sweep(next, nil)
-					next += tick
-				}
+	busyLimits(t, "renew", func(t *testing.T, l algorithms.Limit, s *Store, now *atomic.Int64, zl storage.Limiter, z *zone) {
+		ctx := context.Background()
+		at := func() time.Duration { return time.Duration(now.Load()) }
+		tick := time.Duration(s.book.period()) * time.Microsecond / 4
+		next := tick
+		sweep := func() {
+			for at() >= next {
+				s.book.sweep(next, nil)
+				next += tick
 			}
-			var admitted int64
-			take := func() (called bool) {
-				t.Helper()
-				taken := s.Leases().Taken.Load()
-				v, err := s.Decide(ctx, epoch+at().Microseconds(), []Request{{Zone: zl, Key: "k", Cost: algorithms.Milli}})
-				if err != nil || v.Rejected >= 0 {
-					t.Fatalf("Decide at %s = %+v, %v", at(), v, err)
-				}
-				admitted++
-				return s.Leases().Taken.Load() != taken
-			}
-			var first time.Duration
-			var requestCalls int
-			for ms := 1; ms <= 3000; ms++ {
-				now.Store(int64(time.Duration(ms) * time.Millisecond))
-				sweep()
-				if take() {
-					requestCalls++
-				}
-				if first == 0 && s.Leases().Taken.Load() > 0 {
-					first = at()
-				}
-			}
-			if first == 0 || requestCalls != 1 {
-				t.Fatalf("the key's requests made %d lease calls in 3 s (the first at %s), want 1: the sweep renews a busy key's lease", requestCalls, first)
-			}
-			if taken := s.Leases().Taken.Load(); taken != 7 {
-				t.Errorf("%d leases taken in 3 s, want 7: one a life of %s", taken, DefaultLeaseLife)
-			}
-			if _, left, ok := z.LeaseOf("k"); !ok || left < tick.Microseconds() {
-				t.Fatalf("the busy key's lease ends in %dµs (held %t), want at least a sweep's tick away", left, ok)
-			}
-
-			// A reset ends the lease here: the sweeps leave it to the
-			// key's next request.
-			s.book.heard(s.key("k", z.tail), 0)
+		}
+		var admitted int64
+		take := func() (called bool) {
+			t.Helper()
 			taken := s.Leases().Taken.Load()
-			now.Add(int64(10 * time.Millisecond)) // busy still
-			s.book.sweep(at(), nil)
-			if got := s.Leases().Taken.Load(); got != taken {
-				t.Fatalf("a sweep renewed a lease a reset ended (%d leases taken, want %d)", got, taken)
+			v, err := s.Decide(ctx, epoch+at().Microseconds(), []Request{{Zone: zl, Key: "k", Cost: algorithms.Milli}})
+			if err != nil || v.Rejected >= 0 {
+				t.Fatalf("Decide at %s = %+v, %v", at(), v, err)
 			}
-			if !take() {
-				t.Fatal("the request after a reset ended the key's lease made no lease call")
+			admitted++
+			return s.Leases().Taken.Load() != taken
+		}
+		var first time.Duration
+		var requestCalls int
+		for ms := 1; ms <= 3000; ms++ {
+			now.Store(int64(time.Duration(ms) * time.Millisecond))
+			sweep()
+			if take() {
+				requestCalls++
 			}
+			if first == 0 && s.Leases().Taken.Load() > 0 {
+				first = at()
+			}
+		}
+		if first == 0 || requestCalls != 1 {
+			t.Fatalf("the key's requests made %d lease calls in 3 s (the first at %s), want 1: the sweep renews a busy key's lease", requestCalls, first)
+		}
+		if taken := s.Leases().Taken.Load(); taken != 7 {
+			t.Errorf("%d leases taken in 3 s, want 7: one a life of %s", taken, DefaultLeaseLife)
+		}
+		if _, left, ok := z.LeaseOf("k"); !ok || left < tick.Microseconds() {
+			t.Fatalf("the busy key's lease ends in %dµs (held %t), want at least a sweep's tick away", left, ok)
+		}
 
-			// Busy until the lease would end before a sweep a tick on
-			// renews it (renewAhead), then quiet from then: that sweep
-			// does not renew it but returns it, and none after takes one.
-			ahead := renewAhead(tick).Microseconds()
-			for i := 0; ; i++ {
-				if _, left, ok := z.LeaseOf("k"); !ok || left < ahead+tick.Microseconds() {
-					break
-				}
-				if i == 1000 {
-					t.Fatal("the busy key's lease did not near its end in 1 s")
-				}
-				now.Add(int64(time.Millisecond))
-				sweep()
-				take()
+		// A reset ends the lease here: the sweeps leave it to the
+		// key's next request.
+		s.book.heard(s.key("k", z.tail), 0)
+		taken := s.Leases().Taken.Load()
+		now.Add(int64(10 * time.Millisecond)) // busy still
+		s.book.sweep(at(), nil)
+		if got := s.Leases().Taken.Load(); got != taken {
+			t.Fatalf("a sweep renewed a lease a reset ended (%d leases taken, want %d)", got, taken)
+		}
+		if !take() {
+			t.Fatal("the request after a reset ended the key's lease made no lease call")
+		}
+
+		// Busy until the lease would end before a sweep a tick on
+		// renews it (renewAhead), then quiet from then: that sweep
+		// does not renew it but returns it, and none after takes one.
+		ahead := renewAhead(tick).Microseconds()
+		for i := 0; ; i++ {
+			if _, left, ok := z.LeaseOf("k"); !ok || left < ahead+tick.Microseconds() {
+				break
 			}
-			taken = s.Leases().Taken.Load()
+			if i == 1000 {
+				t.Fatal("the busy key's lease did not near its end in 1 s")
+			}
+			now.Add(int64(time.Millisecond))
+			sweep()
+			take()
+		}
+		taken = s.Leases().Taken.Load()
+		now.Add(int64(tick))
+		s.book.sweep(at(), nil)
+		if _, _, ok := z.LeaseOf("k"); ok {
+			t.Fatal("a key quiet for a sweep's tick still holds a lease after the sweep")
+		}
+		for range 16 { // two lease lives
 			now.Add(int64(tick))
-			s.book.sweep(at(), nil)
-			if _, _, ok := z.LeaseOf("k"); ok {
-				t.Fatal("a key quiet for a sweep's tick still holds a lease after the sweep")
-			}
-			for range 16 { // two lease lives
-				now.Add(int64(tick))
-				sweep()
-			}
-			if got := s.Leases().Taken.Load(); got != taken {
-				t.Fatalf("%d leases taken while the key was quiet, want none", got-taken)
-			}
-			if _, _, ok := z.LeaseOf("k"); ok {
-				t.Fatal("a quiet key's lease is still held")
-			}
-			if l.Kind != algorithms.FixedWindow {
-				return
-			}
-			d, _, err := z.Peek(ctx, "k", epoch+at().Microseconds())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got, want := d.Remaining, l.Events-admitted; got != want {
-				t.Fatalf("Redis has %d left after %d admitted and every lease returned, want %d", got, admitted, want)
-			}
-		})
-	}
+			sweep()
+		}
+		if got := s.Leases().Taken.Load(); got != taken {
+			t.Fatalf("%d leases taken while the key was quiet, want none", got-taken)
+		}
+		if _, _, ok := z.LeaseOf("k"); ok {
+			t.Fatal("a quiet key's lease is still held")
+		}
+		if l.Kind != algorithms.FixedWindow {
+			return
+		}
+		d, _, err := z.Peek(ctx, "k", epoch+at().Microseconds())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := d.Remaining, l.Events-admitted; got != want {
+			t.Fatalf("Redis has %d left after %d admitted and every lease returned, want %d", got, admitted, want)
+		}
+	})
 }
 
 // TestLeaseCallReadsAndWritesOnce: a lease call that ends the key's lease,
