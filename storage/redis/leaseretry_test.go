@@ -94,16 +94,12 @@ func TestLeaseBoundsWait(t *testing.T) {
 // seconds, where a lease is back within 0.65 s.
 func slowLimits(t *testing.T) []algorithms.Limit {
 	t.Helper()
-	day, err := algorithms.NewCalendarLimit(500, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})
-	if err != nil {
-		t.Fatal(err)
-	}
 	return []algorithms.Limit{
 		mustLimit(t, algorithms.TokenBucket, 10, time.Minute, 300, 0),
 		mustLimit(t, algorithms.GCRA, 10, time.Minute, 300, 0),
 		mustLimit(t, algorithms.LeakyBucket, 10, time.Minute, 300, 0),
 		mustLimit(t, algorithms.FixedWindow, 500, time.Minute, 0, 0),
-		day,
+		utcDay(t, 500),
 		mustLimit(t, algorithms.SlidingWindow, 500, time.Minute, 0, 0),
 	}
 }

@@ -21,10 +21,6 @@ import (
 // family with fine and coarse ticks and a burst, fixed windows aligned to
 // the epoch and to the calendar.
 func leaseLimits(t *testing.T) []algorithms.Limit {
-	day, err := algorithms.NewCalendarLimit(500, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})
-	if err != nil {
-		t.Fatal(err)
-	}
 	return []algorithms.Limit{
 		mustLimit(t, algorithms.TokenBucket, 100, time.Second, 0, 0),
 		mustLimit(t, algorithms.TokenBucket, 7, time.Second, 40, 0),
@@ -36,7 +32,7 @@ func leaseLimits(t *testing.T) []algorithms.Limit {
 		mustLimit(t, algorithms.FixedWindow, 1000, time.Minute, 0, 0),
 		mustLimit(t, algorithms.SlidingWindow, 200, time.Second, 0, 0),
 		mustLimit(t, algorithms.SlidingWindow, 1000, 10*time.Second, 0, 0),
-		day,
+		utcDay(t, 500),
 	}
 }
 
@@ -993,14 +989,10 @@ func TestSweepRenewsBusyKeys(t *testing.T) {
 func TestLeaseCallReadsAndWritesOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	day, err := algorithms.NewCalendarLimit(500_000, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})
-	if err != nil {
-		t.Fatal(err)
-	}
 	limits := []algorithms.Limit{
 		mustLimit(t, algorithms.TokenBucket, 1_000_000, time.Second, 0, 0),
 		mustLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour, 0, 0),
-		day,
+		utcDay(t, 500_000),
 		mustLimit(t, algorithms.SlidingWindow, 1_000_000, time.Hour, 0, 0),
 		mustLimit(t, algorithms.GCRA, 1_000_000, time.Second, 0, 0),
 	}
@@ -1106,4 +1098,14 @@ func TestFromLease(t *testing.T) {
 		}
 		h.mu.Unlock()
 	}
+}
+
+// utcDay is a calendar limit of n events a day in UTC.
+func utcDay(t *testing.T, n int64) algorithms.Limit {
+	t.Helper()
+	l, err := algorithms.NewCalendarLimit(n, algorithms.Calendar{Unit: algorithms.Day, Count: 1, Loc: time.UTC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
