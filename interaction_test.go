@@ -41,7 +41,8 @@ import (
 // seeded random sequence of steps: requests of random keys and costs, held
 // requests that end or whose client leaves, admin resets and unbans,
 // reloads that change a setting, and (Redis) the server paused, stalled or
-// restarted. After every step it checks the limits' invariants:
+// restarted, and a key asked for steadily across one of these faults, so
+// that its quota lease is renewed (interaction_stream_test.go). After every step it checks the limits' invariants:
 //
 //   - admitted cost per key never exceeds the definition (checked against
 //     the algorithm's own bound, from the key's last reset on); on Redis,
@@ -123,12 +124,13 @@ type ixZone struct {
 	// X-Usage, with a reload's usage "header"). The checker's id is
 	// zone|key|model.
 	llm bool
-	// lease: on Redis, its keys are hot in a burst (quota leases, on by
-	// default, with a limit that a burst's leases approach): after a
-	// reset, an instance that has not heard of it yet may spend its
-	// lease, and after Redis lost its data (a restart) any instance the
-	// lease it took before, at most an eighth of the limit, for a
-	// lease's life (see docs/redis.md), which the checker allows.
+	// lease: on Redis, its keys lease (quota leases, on by default): in a
+	// burst, with a limit that a burst's leases approach, or in a stream
+	// (see stream). After a reset, an instance that has not heard of it
+	// yet may spend its lease, and after Redis lost its data (a restart)
+	// any instance the lease it took before, at most an eighth of the
+	// limit, for a lease's life (see docs/redis.md), which the checker
+	// allows.
 	lease bool
 	// stream: on Redis, a stream step's zone (see interaction_stream_test.go):
 	// its key is asked for steadily, so that the sweeper renews its lease,
