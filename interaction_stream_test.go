@@ -15,7 +15,7 @@ import (
 // The interaction test's stream steps (Redis only): one or both instances
 // ask for one key of a stream zone (ix_stream, a token_bucket; ix_streamw,
 // a sliding_window that takes grants: both lease) steadily, a request
-// every 5-10 ms each for 1-1.5 s, so that the key stays busy and the
+// every 5-10 ms each for 1.2-1.5 s, so that the key stays busy and the
 // sweeper renews its lease (docs/redis.md#quota-leases) while the main
 // goroutine makes one fault at a random moment: a reset of the key, a
 // grant to it, a reload that retires the Redis client (and returns the
