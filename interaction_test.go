@@ -41,7 +41,8 @@ import (
 // seeded random sequence of steps: requests of random keys and costs, held
 // requests that end or whose client leaves, admin resets and unbans,
 // reloads that change a setting, and (Redis) the server paused, stalled or
-// restarted. After every step it checks the limits' invariants:
+// restarted, and a key asked for steadily across one of these faults, so
+// that its quota lease is renewed (interaction_stream_test.go). After every step it checks the limits' invariants:
 //
 //   - admitted cost per key never exceeds the definition (checked against
 //     the algorithm's own bound, from the key's last reset on); on Redis,
@@ -123,13 +124,18 @@ type ixZone struct {
 	// X-Usage, with a reload's usage "header"). The checker's id is
 	// zone|key|model.
 	llm bool
-	// lease: on Redis, its keys are hot in a burst (quota leases, on by
-	// default, with a limit that a burst's leases approach): after a
-	// reset, an instance that has not heard of it yet may spend its
-	// lease, and after Redis lost its data (a restart) any instance the
-	// lease it took before, at most an eighth of the limit, for a
-	// lease's life (see docs/redis.md), which the checker allows.
+	// lease: on Redis, its keys lease (quota leases, on by default): in a
+	// burst, with a limit that a burst's leases approach, or in a stream
+	// (see stream). After a reset, an instance that has not heard of it
+	// yet may spend its lease, and after Redis lost its data (a restart)
+	// any instance the lease it took before, at most an eighth of the
+	// limit, for a lease's life (see docs/redis.md), which the checker
+	// allows.
 	lease bool
+	// stream: on Redis, a stream step's zone (see interaction_stream_test.go):
+	// its key is asked for steadily, so that the sweeper renews its lease,
+	// across a fault; no other step sends to its path.
+	stream bool
 }
 
 const ixWindow = time.Hour
@@ -151,6 +157,8 @@ var ixZones = []ixZone{
 	{name: "ix_adapt", paths: []string{"/ahold"}, adaptive: ixAdaptiveMax},
 	{name: "ix_lease", algo: "fixed_window", paths: []string{"/lease"}, events: 48, window: ixWindow, costly: true, grants: true, lease: true},
 	{name: "ix_llm", algo: "token_bucket", paths: []string{"/llm"}, events: 12, window: ixWindow, settle: true, llm: true},
+	{name: "ix_stream", algo: "token_bucket", paths: []string{"/stream"}, events: 3000, window: ixWindow, costly: true, lease: true, stream: true},
+	{name: "ix_streamw", algo: "sliding_window", paths: []string{"/streamw"}, events: 3000, window: ixWindow, costly: true, grants: true, lease: true, stream: true},
 }
 
 // ixModel is the model of a /llm request: m2 for plan gold, else m1.
@@ -179,10 +187,11 @@ var ixKolkata = func() *time.Location {
 
 var ixPaths = []string{"/tb", "/gcra", "/sw", "/sl", "/fw", "/lb", "/ban", "/tier", "/multi", "/login", "/cost", "/day", "/lease", "/llm"}
 
-// ixGrantZones are the zones a grant step grants in: those with grants.
+// ixGrantZones are the zones a grant step grants in: those with grants
+// (a stream zone's grants are a stream step's).
 var ixGrantZones = func() (names []string) {
 	for _, z := range ixZones {
-		if z.grants {
+		if z.grants && !z.stream {
 			names = append(names, z.name)
 		}
 	}
@@ -487,7 +496,7 @@ var ixDefaults = ixSettings{jitter: "0", maxKeys: 1000, poolSize: 8, timeout: "5
 
 // ixStep is one step of a sequence, generated from the seed.
 type ixStep struct {
-	kind     string // req, burst, hold, release, leave, advance, reset, unban, grant, reload, pause, restart, settle
+	kind     string // req, burst, hold, release, leave, advance, reset, unban, grant, reload, pause, restart, settle, stream
 	instance int
 	path     string
 	key      int
@@ -506,6 +515,11 @@ type ixStep struct {
 	// a login with cost 2, with est and actual), held across the fault
 	// named by zone: reload, kill or freeze.
 	parts []ixStep
+	// A stream step's fault (zone) comes at from the stream's start; a
+	// pause lasts hold, a grant gives amount. From dry on (0: never), its
+	// requests cost ixStreamDryCost.
+	at, hold, dry time.Duration
+	amount        int
 }
 
 func (s ixStep) String() string {
@@ -532,6 +546,8 @@ func (s ixStep) String() string {
 		return fmt.Sprintf("reload %+v", s.settings)
 	case "settle":
 		return ixSettleString(s)
+	case "stream":
+		return ixStreamString(s)
 	case "pause":
 		return fmt.Sprintf("pause %d requests, reset k%d in %s=%v, for %s", s.n, s.key, s.zone, s.cost > 0, s.d)
 	}
@@ -566,12 +582,16 @@ func ixGenerate(seed int64, n int, redis bool) []ixStep {
 			s.kind = "req"
 		case p < 36:
 			// 0.5%: a settle step takes about 0.75s on Redis (a kill or
-			// a freeze), the rest of a round about 3s.
-			if rng.Intn(2) > 0 {
+			// a freeze), the rest of a round about 3s; on Redis, 0.5%
+			// more: a stream step, about 1.5s.
+			switch {
+			case rng.Intn(2) == 0:
+				s = ixGenerateSettle(rng, s, redis)
+			case redis:
+				s = ixGenerateStream(rng, s)
+			default:
 				s.kind = "req"
-				break
 			}
-			s = ixGenerateSettle(rng, s, redis)
 		case p < 40:
 			s.kind, s.zone, s.n = "grant", ixGrantZones[rng.Intn(len(ixGrantZones))], 1+rng.Intn(3)
 		case p < 50:
@@ -645,6 +665,17 @@ type ixAdmission struct {
 	// unasked (see excuseHiccup): its settlement may have been kept and
 	// reached Redis after any admission that followed it.
 	late bool
+	// sent is when its request was sent, if it may have been decided
+	// well before at (a stream step's: see ixExceeds); 0: at.
+	sent int64
+}
+
+// from is the earliest the admission may have been decided.
+func (a ixAdmission) from() int64 {
+	if a.sent != 0 {
+		return a.sent
+	}
+	return a.at
 }
 
 // ixRun is one run of a sequence.
@@ -690,6 +721,9 @@ type ixRun struct {
 	// leaseRestart when Redis last lost its data (see ixZone.lease).
 	leaseResets  map[string]int64
 	leaseRestart int64
+	// streams counts the stream steps, renewals the leases the sweepers
+	// renewed during them.
+	streams, renewals int
 }
 
 // ixGrant is a grant made to a key: its amount counts in the window that
@@ -1310,27 +1344,35 @@ func (r *ixRun) do(s ixStep, step int) {
 		r.backToRedis(step)
 	case "settle":
 		r.settle(s, step)
+	case "stream":
+		r.stream(s, step)
 	case "restart":
-		// A Redis that loses its data: killed, its append-only file
-		// removed (a settle step's kill keeps it).
-		r.srv.Stop()
-		if err := os.RemoveAll(filepath.Join(r.redisDir, "appendonlydir")); err != nil {
-			r.t.Fatalf("removing Redis's append-only file: %v", err)
-		}
-		r.srv.Restart()
-		r.settled = nil
-		r.up.excuseAll()
-		r.admitted = map[string][]ixAdmission{}
-		r.grants = map[string][]ixGrant{}
-		// A lease debited before the data was lost may still be spent,
-		// as after a reset (see ixZone.lease).
-		r.leaseRestart = r.now()
-		for k, until := range r.banned {
-			r.forgotten[k] = max(r.forgotten[k], until)
-		}
-		r.banned = map[string]int64{}
-		r.backToRedis(step)
+		r.restart(step)
 	}
+}
+
+// restart kills Redis and starts it again without its data, and tells the
+// checker.
+func (r *ixRun) restart(step int) {
+	// A Redis that loses its data: killed, its append-only file
+	// removed (a settle step's kill keeps it).
+	r.srv.Stop()
+	if err := os.RemoveAll(filepath.Join(r.redisDir, "appendonlydir")); err != nil {
+		r.t.Fatalf("removing Redis's append-only file: %v", err)
+	}
+	r.srv.Restart()
+	r.settled = nil
+	r.up.excuseAll()
+	r.admitted = map[string][]ixAdmission{}
+	r.grants = map[string][]ixGrant{}
+	// A lease debited before the data was lost may still be spent,
+	// as after a reset (see ixZone.lease).
+	r.leaseRestart = r.now()
+	for k, until := range r.banned {
+		r.forgotten[k] = max(r.forgotten[k], until)
+	}
+	r.banned = map[string]int64{}
+	r.backToRedis(step)
 }
 
 // burst sends s.n requests at once, spread over the instances.
@@ -1601,10 +1643,15 @@ func ixExceeds(z ixZone, events int64, adm []ixAdmission, grants []ixGrant) stri
 		// after j was admitted: j's group (itself, or its burst), whose
 		// admissions are the last of i..j, and the late ones (whose
 		// settlement may have been kept for Redis).
+		// An admission is at when it was answered (sorted so): one sent
+		// earlier may have been decided as early as that, so the span
+		// of i..j starts at the earliest of their sends.
 		for i := range adm {
 			var sum, owed, late float64
 			group := -1
+			from := adm[i].from()
 			for j := i; j < len(adm); j++ {
+				from = min(from, adm[j].from())
 				sum += float64(adm[j].cost)
 				if adm[j].group != group {
 					group, owed = adm[j].group, 0
@@ -1614,8 +1661,8 @@ func ixExceeds(z ixZone, events int64, adm []ixAdmission, grants []ixGrant) stri
 				} else {
 					owed += excess
 				}
-				if allowed := n + n*float64(adm[j].at-adm[i].at)/float64(w) + owed + late; sum > allowed+eps {
-					return fmt.Sprintf("%s: cost %g admitted in %dµs, at most %g (%g owed by settlements after the last)", z.algo, sum, adm[j].at-adm[i].at, allowed, owed+late)
+				if allowed := n + n*float64(adm[j].at-from)/float64(w) + owed + late; sum > allowed+eps {
+					return fmt.Sprintf("%s: cost %g admitted in %dµs, at most %g (%g owed by settlements after the last)", z.algo, sum, adm[j].at-from, allowed, owed+late)
 				}
 			}
 		}
@@ -1718,18 +1765,18 @@ func (r *ixRun) run(steps []ixStep, budget time.Duration) (failed int, errs []st
 		r.hiccupBase = ixHiccups()
 		g0, outages := r.group, r.outages
 		r.do(s, i)
-		if r.hiccup() && !r.outage && r.outages == outages && s.kind != "restart" && s.kind != "settle" {
+		if r.hiccup() && !r.outage && r.outages == outages && s.kind != "restart" && s.kind != "settle" && s.kind != "stream" {
 			r.excuseHiccup(g0, i)
 		}
 		kind := s.kind
-		if kind == "settle" {
+		if kind == "settle" || kind == "stream" {
 			kind += " " + s.zone
 		}
 		r.took[kind] += time.Since(began)
 		r.steps++
 		r.check(i)
 		switch s.kind {
-		case "hold", "release", "leave", "reload", "restart":
+		case "hold", "release", "leave", "reload", "restart", "stream":
 			r.checkAdaptive(i)
 		}
 		if len(r.errs) > 0 {
@@ -1893,11 +1940,11 @@ func TestInteraction(t *testing.T) {
 				t.Fatalf("seed %d (TOLLGATE_INTERACT_SEED=%d), step %d:\n\t%s\nshortest failing sequence found (TOLLGATE_INTERACT_STEPS=%s):\n\t%s",
 					s, s, failed, strings.Join(errs, "\n\t"), shrunk.indexes, strings.Join(shrunk.lines, "\n\t"))
 			}
-			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day, %d of a model's budget, %d settle steps (%d keys a freeze excused), %d steps in which Redis answered late unasked", seed, round, r.steps, budget, r.owing, r.granted, r.calendar, r.llm, r.settles, r.excused, r.hiccups)
+			t.Logf("seed %d: %d rounds, %d steps in %s: %d admissions owing an excess, %d grants, %d admissions by a calendar day, %d of a model's budget, %d settle steps (%d keys a freeze excused), %d stream steps (%d leases renewed during them), %d steps in which Redis answered late unasked", seed, round, r.steps, budget, r.owing, r.granted, r.calendar, r.llm, r.settles, r.excused, r.streams, r.renewals, r.hiccups)
 			t.Logf("time by step kind: %v", r.took)
 			if r.srv != nil {
 				taken, returned, expired, lost, decisions := redisstore.LeaseTotals()
-				t.Logf("quota leases (the process's): %d taken, %d returned, %d expired, %d lost; %d decisions from leases", taken, returned, expired, lost, decisions)
+				t.Logf("quota leases (the process's): %d taken (%d of them renewed by a sweeper), %d returned, %d expired, %d lost; %d decisions from leases", taken, redisstore.LeaseRenewals(), returned, expired, lost, decisions)
 			}
 			reload(t, plain)
 			r.tester.Client.CloseIdleConnections()

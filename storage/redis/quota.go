@@ -123,6 +123,12 @@ func LeaseTotals() (taken, returned, expired, lost, decisions int64) {
 	return t.Taken.Load(), t.Returned.Load(), t.Expired.Load(), t.Lost.Load(), t.Decisions.Load()
 }
 
+// LeaseRenewals returns how many leases the sweepers of every store of
+// the process renewed for busy keys, across reloads (see sweep). It is
+// kept apart from LeaseTotals, whose counts are metrics: a renewal is also
+// a lease taken, and this one is for tests.
+func LeaseRenewals() int64 { return leaseTotals.Renewed.Load() }
+
 // LeaseStats counts a store's quota leases.
 type LeaseStats struct {
 	// Taken counts leases taken; Returned those that gave unspent quota
@@ -132,6 +138,10 @@ type LeaseStats struct {
 	Taken, Returned, Expired, Decisions atomic.Int64
 	// Lost counts leases whose return failed.
 	Lost atomic.Int64
+	// Renewed counts the leases the sweeper took for busy keys, each in
+	// the lease call that ended the key's lease before its end (also
+	// counted in Taken).
+	Renewed atomic.Int64
 }
 
 type leaseShard struct {
@@ -475,7 +485,7 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 		}()
 		old = ended{}
 	}
-	d, err := s.call(ctx, now, h, z, p.x, want, old, oldStart, t)
+	d, _, err := s.call(ctx, now, h, z, p.x, want, old, oldStart, t)
 	if err != nil {
 		return Verdict{}, true, err
 	}
@@ -489,8 +499,9 @@ func (s *Store) fetch(ctx context.Context, now int64, h *keyLease, p *part, want
 // call runs the lease call of h, whose lease call the caller claimed
 // (h.fetching) at t: a take of x on h's key in z, after ending old (h's
 // lease, detached, taken at oldStart), and a lease of up to want events;
-// then it records the new lease on h and releases the claim.
-func (s *Store) call(ctx context.Context, now int64, h *keyLease, z *zone, x, want int64, old ended, oldStart, t time.Duration) (algorithms.Decision, error) {
+// then it records the new lease on h and releases the claim. It reports
+// whether it took a lease.
+func (s *Store) call(ctx context.Context, now int64, h *keyLease, z *zone, x, want int64, old ended, oldStart, t time.Duration) (algorithms.Decision, bool, error) {
 	b := s.book
 	switch {
 	case old.worth(z, t, oldStart):
@@ -518,14 +529,14 @@ func (s *Store) call(ctx context.Context, now int64, h *keyLease, z *zone, x, wa
 			b.stats.Lost.Add(1)
 			leaseTotals.Lost.Add(1)
 		}
-		return d, fmt.Errorf("redis store: take %q: %w", z.name, err)
+		return d, false, fmt.Errorf("redis store: take %q: %w", z.name, err)
 	}
 	if n > 0 {
 		b.stats.Taken.Add(1)
 		leaseTotals.Taken.Add(1)
 		b.start()
 	}
-	return d, nil
+	return d, n > 0, nil
 }
 
 // lease runs a lease call (op 'q', see single.lua) for the Redis key
@@ -680,7 +691,10 @@ func (b *book) sweep(t time.Duration, only func(*zone) bool) {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			b.s.call(ctx, b.wall(), r.h, r.z, 0, r.want, r.old, r.start, t)
+			if _, took, _ := b.s.call(ctx, b.wall(), r.h, r.z, 0, r.want, r.old, r.start, t); took {
+				b.stats.Renewed.Add(1)
+				leaseTotals.Renewed.Add(1)
+			}
 		}()
 	}
 	for i, h := range due {

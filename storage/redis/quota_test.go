@@ -920,6 +920,9 @@ func TestSweepRenewsBusyKeys(t *testing.T) {
 		if taken := s.Leases().Taken.Load(); taken != 7 {
 			t.Errorf("%d leases taken in 3 s, want 7: one a life of %s", taken, DefaultLeaseLife)
 		}
+		if renewed := s.Leases().Renewed.Load(); renewed != 6 {
+			t.Errorf("%d leases renewed in 3 s, want 6: every lease after the first", renewed)
+		}
 		if _, left, ok := z.LeaseOf("k"); !ok || left < tick.Microseconds() {
 			t.Fatalf("the busy key's lease ends in %dµs (held %t), want at least a sweep's tick away", left, ok)
 		}
@@ -930,11 +933,15 @@ func TestSweepRenewsBusyKeys(t *testing.T) {
 		taken := s.Leases().Taken.Load()
 		now.Add(int64(10 * time.Millisecond)) // busy still
 		s.book.sweep(at(), nil)
+		renewed := s.Leases().Renewed.Load()
 		if got := s.Leases().Taken.Load(); got != taken {
 			t.Fatalf("a sweep renewed a lease a reset ended (%d leases taken, want %d)", got, taken)
 		}
 		if !take() {
 			t.Fatal("the request after a reset ended the key's lease made no lease call")
+		}
+		if got := s.Leases().Renewed.Load(); got != renewed {
+			t.Fatalf("the request's lease call after a reset counted as a renewal (%d, want %d)", got, renewed)
 		}
 
 		// Busy until the lease would end before a sweep a tick on
