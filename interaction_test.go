@@ -934,8 +934,10 @@ func (r *ixRun) record(s ixStep, step int, code int) {
 // after its timeout (a stall the test did not cause: -race on a loaded
 // machine) leaves behind: decisions a zone made without Redis (its
 // storage_error results: on_storage_error local decided alone, deny
-// answered 503) and settlements kept until Redis hears them (applied,
-// pending or dropped, so that one applied later does not count again).
+// answered 503), settlements kept until Redis hears them (applied,
+// pending or dropped, so that one applied later does not count again) and
+// those whose call timed out once sent (dropped: Redis may have applied
+// them, or not).
 func ixHiccups() float64 {
 	var n float64
 	for _, z := range ixZones {

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 
@@ -335,5 +336,48 @@ func TestSettlementsReachRedisOnce(t *testing.T) {
 		if n := p.Runtime().Owed.Dropped(); n != 0 {
 			t.Errorf("a retired client dropped %d settlements, want 0", n)
 		}
+	}
+}
+
+// TestSettlementThatMayHaveRunCountedDropped: two successful logins hold
+// both events of a key; Redis stalls (DEBUG SLEEP, past the zone's
+// 300ms timeout) as they end, so their give-backs time out once sent.
+// Such a give-back may have run (the stalled Redis runs it as it wakes):
+// it is not kept, so never applied twice, and counted as dropped
+// (settlements_dropped_total), as a kept one is whose later try may have
+// run. Before, it was counted nowhere: neither operators nor the
+// interaction test, which excuses a step by these counts, could see it.
+// Redis then applies both: the next two logins get 200 200.
+func TestSettlementThatMayHaveRunCountedDropped(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	up := newLoginUpstream(t, true)
+	tester := caddytest.NewTester(t)
+	tester.InitServer(owedSite(up.addr(), srv.Addr, "300ms", "algorithm fixed_window\n\t\t\t\ton_storage_error deny"), "caddyfile")
+	pending0, _, dropped0 := shared.Settlements()
+	wait := holdLogins(t, tester, up, "stalled", 2)
+	c := srv.Client()
+	defer c.Close()
+	slept := make(chan error, 1)
+	go func() { slept <- c.Do(t.Context(), "DEBUG", "SLEEP", "1.5").Err() }()
+	time.Sleep(100 * time.Millisecond) // the stall under way
+	close(up.release)
+	wait()
+	if err := <-slept; err != nil {
+		t.Fatalf("DEBUG SLEEP: %v", err)
+	}
+	if pending, _, dropped := shared.Settlements(); pending != pending0 || dropped-dropped0 != 2 {
+		t.Errorf("settlements pending %d more, dropped %d more; want 0 (not kept: they may have run), 2", pending-pending0, dropped-dropped0)
+	}
+	waitFor(t, "the stalled Redis to run both give-backs", func() bool {
+		resp, err := http.Get(adminBase + "/rate_limit/zones/owed/keys/stalled")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == 404 || strings.Contains(string(body), `"remaining":2,`)
+	})
+	if got, want := statuses(t, tester, 2, []string{"/login"}, "X-Client: stalled"), "200 200 "; got != want {
+		t.Fatalf("after the stall: %q, want %q", got, want)
 	}
 }

@@ -159,10 +159,16 @@ func (l *Limiter) Settle(ctx context.Context, key string, now, reserved, actual 
 // keep keeps a settlement that failed with err, giving back give
 // milli-units (owing -give), until Redis hears it (see Owed), and returns
 // nil if it was kept, else err. A settlement whose call may have reached
-// Redis is not kept: it may have been applied.
+// Redis is not kept: it may have been applied. It is counted as dropped,
+// as a kept one is whose later try may have run (the metric
+// settlements_dropped_total).
 func (l *Limiter) keep(key string, taken algorithms.Decision, give int64, err error) error {
 	s, ok := l.inner.(storage.Settler)
-	if !ok || !l.pool.unsent(err) {
+	if !ok {
+		return err
+	}
+	if !l.pool.unsent(err) {
+		l.rt.Owed.drop()
 		return err
 	}
 	// Counted from now, not from taken.At: Redis's clock is not this
