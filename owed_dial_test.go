@@ -1,8 +1,6 @@
 package tollgate
 
 import (
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -34,15 +32,7 @@ func dialOutlastsTimeout(t *testing.T, pipeline string, outage time.Duration) {
 	wait()
 	time.Sleep(outage)
 	srv.Restart() // from its append-only file: both reservations held
-	waitFor(t, "the kept give-backs to reach Redis (both events free)", func() bool {
-		resp, err := http.Get(adminBase + "/rate_limit/zones/owed/keys/dial")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode == 404 || strings.Contains(string(body), `"remaining":2,`)
-	})
+	waitFor(t, "the kept give-backs to reach Redis (both events free)", bothFree("dial"))
 	if got, want := statuses(t, tester, 2, []string{"/login"}, "X-Client: dial"), "200 200 "; got != want {
 		t.Fatalf("after Redis came back: %q, want %q", got, want)
 	}

@@ -40,6 +40,21 @@ func owedSite(up, addr, timeout, extra string) string {
 	}`
 }
 
+// bothFree reports, for waitFor, whether zone owed has both events of
+// client's key free, as the admin API shows it: a fresh state, which Redis
+// need not hold, or one with 2 remaining.
+func bothFree(client string) func() bool {
+	return func() bool {
+		resp, err := http.Get(adminBase + "/rate_limit/zones/owed/keys/" + client)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == 404 || strings.Contains(string(body), `"remaining":2,`)
+	}
+}
+
 // holdLogins starts n successful logins for client, which the upstream
 // holds until it is released, and waits until all have reached it (each
 // reserved its event). The returned wait returns once all have ended,
@@ -130,16 +145,7 @@ func TestSettlementKeptThroughOutage(t *testing.T) {
 	srv.Restart() // from its append-only file: both reservations held
 	// The store's view, through the admin API: both events free again
 	// once the kept give-backs reach it.
-	waitFor(t, "the kept give-backs to reach Redis", func() bool {
-		resp, err := http.Get(adminBase + "/rate_limit/zones/owed/keys/outage")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		// Both events free: a fresh state, which Redis need not hold.
-		return resp.StatusCode == 404 || strings.Contains(string(body), `"remaining":2,`)
-	})
+	waitFor(t, "the kept give-backs to reach Redis", bothFree("outage"))
 	waitFor(t, "the kept give-backs counted as applied", func() bool {
 		pending, applied, _ := shared.Settlements()
 		return pending == pending0 && applied-applied0 == 2
@@ -368,15 +374,7 @@ func TestSettlementThatMayHaveRunCountedDropped(t *testing.T) {
 	if pending, _, dropped := shared.Settlements(); pending != pending0 || dropped-dropped0 != 2 {
 		t.Errorf("settlements pending %d more, dropped %d more; want 0 (not kept: they may have run), 2", pending-pending0, dropped-dropped0)
 	}
-	waitFor(t, "the stalled Redis to run both give-backs", func() bool {
-		resp, err := http.Get(adminBase + "/rate_limit/zones/owed/keys/stalled")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode == 404 || strings.Contains(string(body), `"remaining":2,`)
-	})
+	waitFor(t, "the stalled Redis to run both give-backs", bothFree("stalled"))
 	if got, want := statuses(t, tester, 2, []string{"/login"}, "X-Client: stalled"), "200 200 "; got != want {
 		t.Fatalf("after the stall: %q, want %q", got, want)
 	}
