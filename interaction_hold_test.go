@@ -222,15 +222,7 @@ func (r *ixRun) settle(s ixStep, step int) {
 	case "reload":
 		// A change of a storage redis setting: a new client, the old one
 		// retired while the requests it reserved through are in flight.
-		n := r.settings
-		if r.srv != nil {
-			n.timeout = map[string]string{"500ms": "600ms", "600ms": "500ms"}[n.timeout]
-			n.poolSize = 24 - n.poolSize // 8 <-> 16
-		} else {
-			n.jitter = map[string]string{"0": "0.5", "0.5": "0"}[n.jitter]
-		}
-		r.settings = n
-		r.load()
+		r.retireClient()
 		r.up.releaseSettling(ids)
 		collect("after the reload")
 	case "kill":
